@@ -1,0 +1,408 @@
+"""Per-buffer metadata, extracted with Spark (SPEC section 1).
+
+One Spark aggregation turns the archive's rows into one row per *copy* (a
+contiguous run of rows of one buffer identity in one file): row and tuple
+counts, the metadata values (with a check that every row agrees), per-key event
+time bounds and a content hash over the multiset of rows. Only these rows reach
+the driver, never tuples, so driver memory grows with buffers, not tuples.
+
+On the driver the copies are checked (identities, chunk numbering, last chunks),
+deduplicated (identical copies) and conflicts handled per ``on_conflict``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from replay.archive import ArchiveLayout, local_path
+from replay.errors import BadBufferError, ConflictingDuplicateError, EmptyArchiveError, Location
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+    from replay.config import JobConfig
+
+__all__ = ["Buffer", "BufferScan", "Conflict", "DuplicateCopy", "read_rows", "scan_buffers", "time_micros"]
+
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Buffer:
+    """One buffer (the kept copy of an identity) and its metadata.
+
+    Times are integer microseconds, UTC. Per-key tuples are in ``ArchiveLayout.keys`` order:
+    ``watermarks[i]`` is the buffer's watermark for key ``i`` (its watermark column, or for
+    event-time watermarks the max event time of its tuples; ``None`` when it has none).
+    """
+
+    origin: int
+    sequence: int
+    chunk: int
+    last_chunk: bool
+    watermarks: tuple[int | None, ...]
+    min_event: tuple[int | None, ...]
+    max_event: tuple[int | None, ...]
+    ingest: int | None
+    idle: bool
+    tuples: int
+    rows: int
+    file: str
+    row_start: int
+    content_hash: str
+
+    @property
+    def identity(self) -> tuple[int, int, int]:
+        return (self.origin, self.sequence, self.chunk)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DuplicateCopy:
+    """An identical copy that was discarded in favour of the first one."""
+
+    origin: int
+    sequence: int
+    chunk: int
+    file: str
+    row_start: int
+    tuples: int
+    kept_file: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Conflict:
+    """A copy whose content differs from the first copy of the same identity."""
+
+    origin: int
+    sequence: int
+    chunk: int
+    kept_file: str
+    kept_row: int
+    other_file: str
+    other_row: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BufferScan:
+    """The archive's buffers after deduplication, with what was discarded and why."""
+
+    layout: ArchiveLayout
+    buffers: tuple[Buffer, ...]
+    duplicates: tuple[DuplicateCopy, ...]
+    conflicts: tuple[Conflict, ...]
+    rows_read: int
+    tuples_read: int
+
+
+def time_micros(df: DataFrame, column: str, kind: str) -> Column:
+    """A Spark expression for ``column`` as int64 microseconds since the epoch (UTC)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import TimestampNTZType
+
+    col = F.col(f"`{column}`")
+    if kind == "epoch_ms":
+        return col.cast("long") * 1000
+    if kind == "ns":  # read as int64 nanoseconds (spark.sql.legacy.parquet.nanosAsLong)
+        return F.floor(col.cast("long") / 1000).cast("long")
+    if isinstance(df.schema[column].dataType, TimestampNTZType):
+        col = col.cast("timestamp")  # wall clock taken as UTC (the session time zone)
+    return F.unix_micros(col)
+
+
+def read_rows(spark: SparkSession, layout: ArchiveLayout) -> DataFrame:
+    """The archive's rows with ``_file`` and ``_row`` (position within the file) attached."""
+    from pyspark.sql import functions as F
+
+    if "ns" in layout.time_columns.values():
+        spark.conf.set("spark.sql.legacy.parquet.nanosAsLong", "true")
+    df = spark.read.parquet(*layout.files)
+    return df.select("*", F.col("_metadata.file_path").alias("_file"), F.col("_metadata.row_index").alias("_row"))
+
+
+def _copies_frame(df: DataFrame, layout: ArchiveLayout, group_extra: list[str]) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    payload_hash_inputs: list[Column] = []
+    for name in layout.payload:
+        payload_hash_inputs += [F.col(f"`{name}`"), F.col(f"`{name}`").isNull()]
+    row_hash = F.xxhash64(*payload_hash_inputs)
+    punctuation = F.col(f"`{layout.key}`").isNull()
+    for key in layout.keys:
+        punctuation = punctuation & F.col(f"`{key.event_time}`").isNull()
+
+    group = [
+        F.col("_file"),
+        F.col(f"`{layout.origin_id}`").cast("long").alias("origin"),
+        F.col(f"`{layout.sequence_number}`").cast("long").alias("sequence"),
+        F.col(f"`{layout.chunk_number}`").cast("long").alias("chunk"),
+        *[F.col(c) for c in group_extra],
+    ]
+    aggs: list[Column] = [
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(F.when(punctuation, 0).otherwise(1)).alias("tuples"),
+        F.min("_row").alias("row_min"),
+        F.max("_row").alias("row_max"),
+        F.sum(row_hash.bitwiseAND(F.lit(_MASK32))).alias("hash_lo"),
+        F.sum(F.shiftrightunsigned(row_hash, 32)).alias("hash_hi"),
+    ]
+    meta: list[tuple[str, Column]] = [("last_chunk", F.col(f"`{layout.last_chunk}`"))]
+    if layout.ingest_ts is not None:
+        meta.append(("ingest", time_micros(df, layout.ingest_ts, layout.time_columns[layout.ingest_ts])))
+    if layout.idle is not None:
+        meta.append(("idle", F.col(f"`{layout.idle}`")))
+    for index, key in enumerate(layout.keys):
+        if key.watermark is not None:
+            meta.append((f"wm{index}", time_micros(df, key.watermark, layout.time_columns[key.watermark])))
+    for name, expr in meta:
+        aggs += [F.min(expr).alias(f"{name}_min"), F.max(expr).alias(f"{name}_max"), F.count(expr).alias(f"{name}_n")]
+    for index, key in enumerate(layout.keys):
+        event = time_micros(df, key.event_time, layout.time_columns[key.event_time])
+        aggs += [F.min(event).alias(f"ev{index}_min"), F.max(event).alias(f"ev{index}_max")]
+    return df.groupBy(*group).agg(*aggs)
+
+
+def _collect(frame: DataFrame) -> list[dict[str, Any]]:
+    return frame.toArrow().to_pylist()
+
+
+def _runs_frame(df: DataFrame, layout: ArchiveLayout, scattered: list[dict[str, Any]]) -> DataFrame:
+    """Rows of identities that appear more than once in a file, with a run number per copy."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    spark = df.sparkSession
+    targets = spark.createDataFrame(
+        [(r["_file"], r["origin"], r["sequence"], r["chunk"]) for r in scattered],
+        "t_file string, t_origin long, t_sequence long, t_chunk long",
+    )
+    joined = df.join(
+        F.broadcast(targets),
+        (df["_file"] == targets["t_file"])
+        & (F.col(f"`{layout.origin_id}`").cast("long") == targets["t_origin"])
+        & (F.col(f"`{layout.sequence_number}`").cast("long") == targets["t_sequence"])
+        & (F.col(f"`{layout.chunk_number}`").cast("long") == targets["t_chunk"]),
+    ).drop("t_file", "t_origin", "t_sequence", "t_chunk")
+    # Gaps and islands: positions p1 < p2 < ... of one identity; p_i - i is constant
+    # exactly along a run of consecutive rows.
+    order = Window.partitionBy(
+        "_file", layout.origin_id, layout.sequence_number, layout.chunk_number
+    ).orderBy("_row")
+    return joined.withColumn("_run", F.col("_row") - F.row_number().over(order))
+
+
+def _copy_records(df: DataFrame, layout: ArchiveLayout) -> list[dict[str, Any]]:
+    records = _collect(_copies_frame(df, layout, []))
+    scattered = [r for r in records if r["row_max"] - r["row_min"] + 1 != r["rows"]]
+    if scattered:
+        ids = {(r["_file"], r["origin"], r["sequence"], r["chunk"]) for r in scattered}
+        records = [r for r in records if (r["_file"], r["origin"], r["sequence"], r["chunk"]) not in ids]
+        records += _collect(_copies_frame(_runs_frame(df, layout, scattered), layout, ["_run"]))
+    return records
+
+
+def _display_path(spark_path: str, layout: ArchiveLayout) -> str:
+    """Spark's ``file:`` URI of a local file as the plain path the user gave."""
+    local = local_path(spark_path)
+    if local is None:
+        return spark_path
+    for given in layout.files:
+        if given == local or local_path(given) == local:
+            return given
+    return local
+
+
+def _check_copy(rec: dict[str, Any], layout: ArchiveLayout, chunk_base: int) -> None:
+    file = rec["_file"]
+    where = {"file": file, "origin": rec["origin"], "sequence": rec["sequence"], "chunk": rec["chunk"]}
+    for role, value in (("origin_id", rec["origin"]), ("sequence_number", rec["sequence"]), ("chunk_number", rec["chunk"])):
+        if value is None:
+            column = getattr(layout, role)
+            raise BadBufferError(
+                f"column '{column}' ({role}) is null on some rows",
+                where=Location(file=file, column=column),
+                todo="every row needs origin_id, sequence_number and chunk_number; fix or remove those rows",
+                code="archive.null_identity",
+            )
+    if rec["origin"] < 1:
+        raise BadBufferError(
+            f"origin_id {rec['origin']} is below 1",
+            where=Location(**where, column=layout.origin_id),
+            todo="origin ids start at 1; fix the archiver's origin numbering or map the right column",
+            code="archive.bad_origin",
+        )
+    if rec["sequence"] < 1:
+        raise BadBufferError(
+            f"sequence_number {rec['sequence']} is below 1",
+            where=Location(**where, column=layout.sequence_number),
+            todo="sequence numbers start at 1 per origin; fix the archiver or remove these rows",
+            code="archive.bad_sequence",
+        )
+    if rec["chunk"] < chunk_base:
+        raise BadBufferError(
+            f"chunk_number {rec['chunk']} is below chunk_base {chunk_base}",
+            where=Location(**where, column=layout.chunk_number),
+            todo="set 'chunk_base: 0' if this archive counts chunks from 0, else fix the archiver",
+            code="archive.bad_chunk",
+        )
+    metadata = [("last_chunk", layout.last_chunk, True)]
+    if layout.ingest_ts is not None:
+        metadata.append(("ingest", layout.ingest_ts, True))
+    if layout.idle is not None:
+        metadata.append(("idle", layout.idle, False))
+    for index, key in enumerate(layout.keys):
+        if key.watermark is not None:
+            metadata.append((f"wm{index}", key.watermark, False))
+    for name, column, required in metadata:
+        count, low, high = rec[f"{name}_n"], rec[f"{name}_min"], rec[f"{name}_max"]
+        if required and count < rec["rows"]:
+            raise BadBufferError(
+                f"column '{column}' is null on {rec['rows'] - count} of the buffer's {rec['rows']} rows",
+                where=Location(**where, column=column),
+                todo=f"every row of a buffer needs a '{column}' value; fix the archiver or remove the buffer",
+                code="archive.null_metadata",
+            )
+        if 0 < count < rec["rows"] or low != high:
+            raise BadBufferError(
+                f"the rows of one buffer disagree on '{column}' (values from {low} to {high}, {count} of "
+                f"{rec['rows']} non-null)",
+                where=Location(**where, column=column),
+                todo="all rows of a buffer must carry the same metadata; fix the archiver or remove the buffer",
+                code="archive.metadata_disagrees",
+            )
+
+
+def _to_buffer(rec: dict[str, Any], layout: ArchiveLayout) -> Buffer:
+    watermarks: list[int | None] = []
+    for index, key in enumerate(layout.keys):
+        watermarks.append(rec[f"wm{index}_min"] if key.watermark is not None else rec[f"ev{index}_max"])
+    content = hashlib.blake2b(digest_size=16)
+    parts = [rec["rows"], rec["tuples"], rec["hash_lo"], rec["hash_hi"], rec["last_chunk_min"],
+             rec.get("idle_min"), *watermarks]
+    content.update(repr(parts).encode())
+    return Buffer(
+        origin=rec["origin"],
+        sequence=rec["sequence"],
+        chunk=rec["chunk"],
+        last_chunk=bool(rec["last_chunk_min"]),
+        watermarks=tuple(watermarks),
+        min_event=tuple(rec[f"ev{i}_min"] for i in range(len(layout.keys))),
+        max_event=tuple(rec[f"ev{i}_max"] for i in range(len(layout.keys))),
+        ingest=rec.get("ingest_min"),
+        idle=bool(rec.get("idle_min") or False),
+        tuples=rec["tuples"],
+        rows=rec["rows"],
+        file=rec["_file"],
+        row_start=rec["row_min"],
+        content_hash=content.hexdigest(),
+    )
+
+
+def _check_sequences(buffers: list[Buffer]) -> None:
+    by_sequence: dict[tuple[int, int], list[Buffer]] = defaultdict(list)
+    for buf in buffers:
+        by_sequence[(buf.origin, buf.sequence)].append(buf)
+    for (origin, sequence), chunks in by_sequence.items():
+        lasts = [b for b in chunks if b.last_chunk]
+        if len(lasts) > 1:
+            raise BadBufferError(
+                f"the sequence has {len(lasts)} last chunks: {sorted(b.chunk for b in lasts)}",
+                where=Location(origin=origin, sequence=sequence, file=lasts[1].file, chunk=lasts[1].chunk),
+                todo="exactly one chunk per sequence (the highest) may set last_chunk; fix the archiver",
+                code="archive.two_last_chunks",
+            )
+        if lasts:
+            beyond = [b for b in chunks if b.chunk > lasts[0].chunk]
+            if beyond:
+                raise BadBufferError(
+                    f"chunk {beyond[0].chunk} lies beyond the sequence's last chunk {lasts[0].chunk}",
+                    where=Location(origin=origin, sequence=sequence, chunk=beyond[0].chunk, file=beyond[0].file),
+                    todo="the last chunk must carry the highest chunk number; fix the archiver",
+                    code="archive.chunk_beyond_last",
+                )
+
+
+def _first_key(buf: Buffer) -> tuple[int, str, int]:
+    # Earliest by (ingest_ts, file path, row position); without ingest_ts, by path and position.
+    return (buf.ingest if buf.ingest is not None else 0, buf.file, buf.row_start)
+
+
+def scan_buffers(
+    spark: SparkSession,
+    layout: ArchiveLayout,
+    config: JobConfig,
+    *,
+    strict: bool = True,
+) -> BufferScan:
+    """Extract, check and deduplicate the archive's buffers.
+
+    With ``strict`` (a run), a conflicting duplicate under ``on_conflict: fail`` raises;
+    without it (``replay inspect``) it is reported and the first copy is kept.
+
+    Raises:
+        BadBufferError: a null or out-of-range identity, metadata that differs within a buffer,
+            two last chunks in a sequence, or a chunk beyond the last one.
+        ConflictingDuplicateError: copies of one identity differ, under ``on_conflict: fail``.
+    """
+    df = read_rows(spark, layout)
+    records = _copy_records(df, layout)
+    if not records:
+        raise EmptyArchiveError(
+            f"the archive's {len(layout.files)} Parquet file(s) hold no rows",
+            where=Location(file=layout.root),
+            todo="point 'archive' at the directory the archiver writes to, or wait until it has written data",
+        )
+    for rec in records:
+        rec["_file"] = _display_path(rec["_file"], layout)
+        _check_copy(rec, layout, config.chunk_base)
+    copies: dict[tuple[int, int, int], list[Buffer]] = defaultdict(list)
+    rows_read = tuples_read = 0
+    for rec in records:
+        buf = _to_buffer(rec, layout)
+        copies[buf.identity].append(buf)
+        rows_read += buf.rows
+        tuples_read += buf.tuples
+
+    kept: list[Buffer] = []
+    duplicates: list[DuplicateCopy] = []
+    conflicts: list[Conflict] = []
+    for identity in sorted(copies):
+        ordered = sorted(copies[identity], key=_first_key)
+        first = ordered[0]
+        kept.append(first)
+        for other in ordered[1:]:
+            if other.content_hash == first.content_hash:
+                duplicates.append(
+                    DuplicateCopy(
+                        origin=other.origin, sequence=other.sequence, chunk=other.chunk, file=other.file,
+                        row_start=other.row_start, tuples=other.tuples, kept_file=first.file,
+                    )
+                )
+                continue
+            conflict = Conflict(
+                origin=other.origin, sequence=other.sequence, chunk=other.chunk, kept_file=first.file,
+                kept_row=first.row_start, other_file=other.file, other_row=other.row_start,
+            )
+            if strict and config.on_conflict == "fail":
+                raise ConflictingDuplicateError(
+                    f"buffer archived twice with different content: in {first.file} (row {first.row_start}) "
+                    f"and {other.file} (row {other.row_start})",
+                    where=Location(
+                        origin=other.origin, sequence=other.sequence, chunk=other.chunk, file=first.file,
+                        extra={"other_file": other.file},
+                    ),
+                    todo="find out which copy is right and remove the other, or set 'on_conflict: keep_first' "
+                    "to keep the earliest copy (the conflict is still reported)",
+                )
+            conflicts.append(conflict)
+    _check_sequences(kept)
+    return BufferScan(
+        layout=layout,
+        buffers=tuple(kept),
+        duplicates=tuple(duplicates),
+        conflicts=tuple(conflicts),
+        rows_read=rows_read,
+        tuples_read=tuples_read,
+    )

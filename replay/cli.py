@@ -1,0 +1,206 @@
+"""The ``replay`` command line (typer).
+
+Exit codes: 0 success, 1 a run or analysis that failed on the data (message on
+stderr), 2 usage or configuration errors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from replay.errors import ReplayError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="replay",
+    help="Replay archived stream buffers through PySpark: progress, watermarks and windows.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+log = logging.getLogger("replay")
+
+
+def _fail(error: ReplayError) -> typer.Exit:
+    typer.echo(f"replay: error: {error.message}", err=True)
+    return typer.Exit(error.exit_code)
+
+
+class _Steps:
+    """A rich progress bar on a terminal, plain log lines elsewhere."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.labels = labels
+        self.tty = sys.stderr.isatty()
+        self._progress: Any = None
+        self._tasks: dict[str, Any] = {}
+        self._logged: dict[str, int] = {}
+
+    def __enter__(self) -> _Steps:
+        if self.tty:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=Console(stderr=True), transient=False,
+            )
+            self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+    def __call__(self, step: str, done: int, total: int) -> None:
+        label = self.labels.get(step, step)
+        if self._progress is not None:
+            if step not in self._tasks:
+                self._tasks[step] = self._progress.add_task(label, total=total)
+            self._progress.update(self._tasks[step], completed=done, total=total)
+            return
+        # Plain lines: at the start, every 10 %, and at the end of each step.
+        tenth = (10 * done) // max(total, 1)
+        if done in (0, total) or tenth != self._logged.get(step, -1):
+            if done == 0 and step in self._logged:
+                return
+            self._logged[step] = tenth
+            log.info("%s: %d/%d", label, done, total)
+
+
+def _load(config: Path | None, archive: str | None) -> Any:
+    from replay.config import load_config, parse_config
+
+    if config is not None:
+        job = load_config(config)
+        return job.with_overrides(archive=archive) if archive else job
+    if archive is None:
+        raise typer.BadParameter("give an ARCHIVE or a --config")
+    return parse_config({"archive": archive}, source="the command line")
+
+
+@app.command()
+def generate(
+    out: Annotated[Path, typer.Argument(help="Directory to write the archive to (created; must hold no Parquet).")],
+    origins: Annotated[int, typer.Option(help="Number of origins (emitters).")] = 4,
+    tuples: Annotated[int, typer.Option(help="Total number of tuples.")] = 10_000,
+    buffer_tuples: Annotated[int, typer.Option(help="Tuples per sequence (buffer).")] = 100,
+    keys: Annotated[int, typer.Option(help="Number of distinct grouping keys.")] = 10,
+    seed: Annotated[int, typer.Option(help="Random seed: the same seed gives the same files.")] = 0,
+    gaps: Annotated[int, typer.Option(help="Whole sequences to leave out (lost buffers).")] = 0,
+    duplicates: Annotated[int, typer.Option(help="Buffers archived twice, identically.")] = 0,
+    conflicts: Annotated[int, typer.Option(help="Buffers archived twice with different content.")] = 0,
+    late_fraction: Annotated[float, typer.Option(help="Fraction of tuples behind their origin's watermark.")] = 0.0,
+    multi_chunk_fraction: Annotated[float, typer.Option(help="Fraction of sequences split into chunks.")] = 0.0,
+    files: Annotated[int, typer.Option(help="Number of Parquet files (buffers interleaved).")] = 1,
+    ingest_ts: Annotated[bool, typer.Option("--ingest-ts/--no-ingest-ts", help="Write the ingest_ts column.")] = True,
+    watermarks: Annotated[
+        bool, typer.Option("--watermarks/--no-watermarks", help="Write watermark_ts (else event-time watermarks).")
+    ] = True,
+    idle: Annotated[int, typer.Option(help="Origins that stop early with an idle marker.")] = 0,
+    chunk_base: Annotated[int, typer.Option(help="First chunk number (0 or 1).")] = 1,
+    key_type: Annotated[str, typer.Option(help="Key column type: int or string.")] = "int",
+) -> None:
+    """Write a seeded synthetic archive with chosen gaps, duplicates, disorder and late data."""
+    from replay.generate import GenerateOptions, generate_archive
+
+    try:
+        options = GenerateOptions(
+            origins=origins, tuples=tuples, buffer_tuples=buffer_tuples, keys=keys, seed=seed, gaps=gaps,
+            duplicates=duplicates, conflicts=conflicts, late_fraction=late_fraction,
+            multi_chunk_fraction=multi_chunk_fraction, files=files, ingest_ts=ingest_ts, watermarks=watermarks,
+            idle=idle, chunk_base=chunk_base, key_type=key_type,
+        )
+    except ValueError as exc:
+        typer.echo(f"replay: error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    with _Steps({"tuples": "writing tuples"}) as steps:
+        try:
+            summary = generate_archive(out, options, progress=lambda done, total: steps("tuples", done, total))
+        except ValueError as exc:
+            typer.echo(f"replay: error: {exc}", err=True)
+            raise typer.Exit(2) from exc
+    typer.echo(
+        f"wrote {summary.tuples} tuples in {summary.buffers} buffers to {summary.files} file(s) under {summary.path} "
+        f"(gaps {len(summary.gaps)}, duplicates {len(summary.duplicates)}, conflicts {len(summary.conflicts)}, "
+        f"late tuples {summary.late_tuples}, idle origins {len(summary.idle_origins)})"
+    )
+
+
+@app.command()
+def inspect(
+    archive: Annotated[str | None, typer.Argument(help="Archive directory or URI (overrides the job's).")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="Job YAML file.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+) -> None:
+    """Metadata-only progress analysis: per-origin prefixes, gaps, watermarks; no tuple is aggregated."""
+    from replay.inspection import inspect_archive
+
+    try:
+        job = _load(config, archive)
+        with _Steps({"footers": "reading footers", "buffers": "scanning buffers (Spark)",
+                     "progress": "tracking progress"}) as steps:
+            report = inspect_archive(job, on_step=steps)
+    except ReplayError as error:
+        raise _fail(error) from error
+    data = report.to_dict()
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+    else:
+        _print_inspection(data)
+    if report.has_errors:
+        typer.echo(
+            "replay: error: the archive has findings that would stop 'replay run' (see conflicts and regressions "
+            "above); fix the archive or set on_conflict: keep_first / watermark_regression: clamp",
+            err=True,
+        )
+        raise typer.Exit(1)
+
+
+def _print_inspection(data: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(
+        f"[bold]{data['archive']}[/bold]: {data['files']} file(s), {data['buffers']} buffers, "
+        f"{data['tuples_read']} tuples, lateness mode [bold]{data['lateness']}[/bold]"
+    )
+    table = Table(title="Progress per origin and key")
+    columns = ["origin_id", "wm_key", "complete_prefix", "local_watermark", "pending_buffers", "gaps",
+               "duplicates", "conflicts", "regressions", "idle"]
+    for name in columns:
+        table.add_column(name, justify="right" if name not in ("wm_key", "local_watermark") else "left")
+    for row in data["origins"]:
+        table.add_row(*[str(row[c]) for c in columns])
+    console.print(table)
+    keys = Table(title="Per key")
+    key_columns = ["wm_key", "watermark", "allowed_lateness", "global_watermark", "time_window_lower",
+                   "time_window_upper"]
+    for name in key_columns:
+        keys.add_column(name)
+    for row in data["keys"]:
+        keys.add_row(*[str(row[c]) for c in key_columns])
+    console.print(keys)
+    integrity = data["integrity"]
+    console.print(
+        "integrity: " + ", ".join(f"{name} {len(items)}" for name, items in integrity.items())
+    )
+
+
+def main() -> None:
+    """Entry point of the ``replay`` script."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    app()
+
+
+if __name__ == "__main__":
+    main()

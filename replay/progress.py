@@ -1,0 +1,430 @@
+"""Progress per origin and watermark key (SPEC sections 2 and 3), over buffer metadata only.
+
+``ProgressEngine`` consumes buffers (in arrival order in arrival mode, in any
+order in origin mode) and tracks, per origin, the complete sequence prefix and
+the sequence watermarks per key; per key, the global watermark with idleness,
+the all-idle flush and the left-out rule; and per buffer, the lateness
+threshold its tuples are compared with (a ``Decision``). ``docs/semantics.md``
+pins down every choice; ``replay.reference`` is the independent model the
+tests compare this engine with.
+
+The engine works buffer by buffer so that a micro-batch run can feed it batch
+after batch; ``finish`` ends a run (``gap_policy: skip`` acts there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from replay.errors import BadBufferError, Location, WatermarkRegressionError
+from replay.timeutil import NEG_INF, format_ts, minus
+
+if TYPE_CHECKING:
+    from replay.buffers import Buffer
+
+__all__ = [
+    "BEHIND_GLOBAL",
+    "BEHIND_ORIGIN",
+    "Decision",
+    "KeyProgress",
+    "KeySettings",
+    "OriginProgress",
+    "ProgressEngine",
+    "ProgressSnapshot",
+    "Regression",
+    "Skipped",
+    "arrival_order",
+]
+
+BEHIND_ORIGIN = "behind_origin_watermark"
+BEHIND_GLOBAL = "behind_global_watermark"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeySettings:
+    """What the engine needs of a watermark key.
+
+    ``derived``: event-time watermarks (max event time of the tuples), which never regress.
+    ``allowed_lateness`` in microseconds.
+    """
+
+    name: str
+    allowed_lateness: int = 0
+    derived: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """The lateness thresholds of one buffer's tuples, one per key.
+
+    A tuple is late for key ``k`` when its ``k`` event time is strictly below
+    ``thresholds[k]``; ``reasons[k]`` is the reason written to the ``late`` table.
+    """
+
+    origin: int
+    sequence: int
+    chunk: int
+    thresholds: tuple[int, ...]
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Regression:
+    """A sequence watermark below its predecessor's. ``action``: clamped, or held (inspect under fail)."""
+
+    origin: int
+    sequence: int
+    key: str
+    watermark: int
+    previous: int
+    action: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Skipped:
+    """A sequence closed by ``gap_policy: skip``: data loss. ``chunks``: the chunks it had."""
+
+    origin: int
+    sequence: int
+    chunks: tuple[int, ...]
+
+    @property
+    def missing(self) -> bool:
+        return not self.chunks
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OriginProgress:
+    origin: int
+    key: str
+    complete_prefix: int
+    local_watermark: int
+    pending_buffers: int
+    idle: bool
+    counted: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeyProgress:
+    """Per key: ``G_k``, ``E_k = G_k - allowed_lateness`` and the reader time window (inclusive bounds)."""
+
+    key: str
+    global_watermark: int
+    effective_watermark: int
+    time_window: tuple[int, int] | None
+    participants: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProgressSnapshot:
+    """The engine's state as values, for reports, checkpoints and tests."""
+
+    mode: str
+    origins: tuple[OriginProgress, ...]
+    keys: tuple[KeyProgress, ...]
+    stream_cut: dict[int, tuple[int, int]]
+    gaps: tuple[tuple[int, int], ...]
+    incomplete: tuple[tuple[int, int], ...]
+    skipped: tuple[Skipped, ...]
+    regressions: tuple[Regression, ...]
+
+    def key(self, name: str) -> KeyProgress:
+        return next(k for k in self.keys if k.key == name)
+
+    def origin(self, origin: int, key: str) -> OriginProgress:
+        return next(o for o in self.origins if o.origin == origin and o.key == key)
+
+
+def arrival_order(buffers: Iterable[Buffer]) -> list[Buffer]:
+    """Buffers sorted by (``ingest_ts``, origin, sequence, chunk): SPEC section 3's arrival order."""
+    return sorted(buffers, key=lambda b: (b.ingest if b.ingest is not None else NEG_INF, b.identity))
+
+
+class _Origin:
+    __slots__ = ("blocked", "cut", "id", "idle_marker", "last", "last_ingest", "max_seq", "pending", "prefix", "wm")
+
+    def __init__(self, origin: int, nkeys: int) -> None:
+        self.id = origin
+        self.prefix = 0
+        self.wm: list[int] = [NEG_INF] * nkeys  # W_k(o, prefix)
+        self.pending: dict[int, dict[int, Buffer]] = {}  # sequence > prefix -> chunk -> buffer
+        self.last: dict[int, int] = {}  # sequence -> its last chunk number
+        self.max_seq = 0
+        self.cut: tuple[int, int] | None = None
+        self.last_ingest: int | None = None
+        self.idle_marker = False
+        self.blocked: int | None = None  # inspect under 'fail': the regressing sequence
+
+
+class ProgressEngine:
+    """Incremental progress tracking over buffer metadata.
+
+    Args:
+        keys: the watermark keys, in the order of ``Buffer.watermarks``.
+        mode: ``"origin"`` or ``"arrival"`` lateness.
+        participants: per key name, the origins taking part (SPEC section 2), including
+            expected origins; in arrival mode every one counts from the first ingest_ts.
+        expected_origins: listed origins (never idle while they have sent nothing).
+        chunk_base: the first chunk number (0 or 1).
+        gap_policy: ``"wait"`` or ``"skip"``; ``watermark_regression``: ``"fail"`` or ``"clamp"``.
+        idle_timeout: microseconds of ingest time without a buffer after which an origin is idle.
+        strict: raise on a regression under ``fail`` (a run); otherwise record it and hold the
+            origin's prefix before the offending sequence (``replay inspect``).
+    """
+
+    def __init__(
+        self,
+        *,
+        keys: Sequence[KeySettings],
+        mode: str,
+        participants: dict[str, Iterable[int]],
+        expected_origins: Iterable[int] = (),
+        chunk_base: int = 1,
+        gap_policy: str = "wait",
+        watermark_regression: str = "fail",
+        idle_timeout: int | None = None,
+        strict: bool = True,
+    ) -> None:
+        if mode not in ("origin", "arrival"):
+            raise ValueError(f"mode must be origin or arrival, not {mode!r}")
+        self.keys = tuple(keys)
+        self.mode = mode
+        self.chunk_base = chunk_base
+        self.gap_policy = gap_policy
+        self.watermark_regression = watermark_regression
+        self.idle_timeout = idle_timeout
+        self.strict = strict
+        self.expected = frozenset(expected_origins)
+        self.participants = [set(participants.get(k.name, ())) | set(self.expected) for k in self.keys]
+        self.global_wm = [NEG_INF] * len(self.keys)
+        self._counted: list[tuple[int, ...]] = [() for _ in self.keys]
+        self._window: list[tuple[int, int] | None] = [None for _ in self.keys]
+        self._origins: dict[int, _Origin] = {}
+        self._clock: int | None = None
+        self._first_ingest: int | None = None
+        self.regressions: list[Regression] = []
+        self.skipped: list[Skipped] = []
+        for origins in self.participants:
+            for origin in origins:
+                self._state(origin)
+
+    # -- feeding -----------------------------------------------------------------------------
+
+    def feed(self, buffers: Iterable[Buffer]) -> list[Decision]:
+        """Apply buffers; return the decisions that became possible.
+
+        In arrival mode the buffers must come in arrival order (``arrival_order``), and
+        every buffer is decided on arrival with ``E_k`` from the buffers before it. In
+        origin mode a buffer of sequence ``s`` is decided once ``s - 1`` is in the prefix.
+        """
+        decisions: list[Decision] = []
+        for buf in buffers:
+            if self.mode == "arrival":
+                if buf.ingest is None:
+                    raise BadBufferError(
+                        "arrival-mode lateness needs an ingest_ts on every buffer",
+                        where=Location(file=buf.file, origin=buf.origin, sequence=buf.sequence, chunk=buf.chunk),
+                        todo="use 'lateness: origin', or fix the archiver so every buffer has an ingest_ts",
+                        code="archive.null_metadata",
+                    )
+                if self._clock is not None and buf.ingest < self._clock:
+                    raise ValueError("arrival mode needs buffers in arrival order; sort them with arrival_order()")
+                if self._first_ingest is None:
+                    self._first_ingest = buf.ingest
+                decisions.append(self._decide_global(buf))
+            self._apply(buf, decisions)
+            if self.mode == "arrival":
+                self._clock = buf.ingest
+                self._coalesce()
+        if self.mode == "origin":
+            self._coalesce()
+        return decisions
+
+    def finish(self) -> list[Decision]:
+        """End the run: under ``gap_policy: skip`` close every missing or incomplete sequence
+        below each origin's highest seen one (SPEC section 2), then recompute ``G_k``."""
+        decisions: list[Decision] = []
+        if self.gap_policy == "skip":
+            for state in sorted(self._origins.values(), key=lambda o: o.id):
+                while state.blocked is None and state.prefix < state.max_seq:
+                    seq = state.prefix + 1
+                    if self._complete(state, seq):
+                        self._enter(state, seq, decisions, closed=False)
+                    elif seq < state.max_seq:
+                        chunks = tuple(sorted(state.pending.get(seq, {})))
+                        self.skipped.append(Skipped(origin=state.id, sequence=seq, chunks=chunks))
+                        self._enter(state, seq, decisions, closed=True)
+                    else:
+                        break
+        self._coalesce()
+        return decisions
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _state(self, origin: int) -> _Origin:
+        state = self._origins.get(origin)
+        if state is None:
+            state = self._origins[origin] = _Origin(origin, len(self.keys))
+        return state
+
+    def _decide_global(self, buf: Buffer) -> Decision:
+        thresholds = tuple(minus(g, k.allowed_lateness) for g, k in zip(self.global_wm, self.keys, strict=True))
+        return Decision(
+            origin=buf.origin, sequence=buf.sequence, chunk=buf.chunk,
+            thresholds=thresholds, reasons=(BEHIND_GLOBAL,) * len(self.keys),
+        )
+
+    def _decide_origin(self, state: _Origin, buf: Buffer) -> Decision:
+        thresholds = tuple(minus(w, k.allowed_lateness) for w, k in zip(state.wm, self.keys, strict=True))
+        return Decision(
+            origin=buf.origin, sequence=buf.sequence, chunk=buf.chunk,
+            thresholds=thresholds, reasons=(BEHIND_ORIGIN,) * len(self.keys),
+        )
+
+    def _apply(self, buf: Buffer, decisions: list[Decision]) -> None:
+        state = self._state(buf.origin)
+        seq, chunk = buf.sequence, buf.chunk
+        if seq <= state.prefix or chunk in state.pending.get(seq, {}):
+            raise BadBufferError(
+                "buffer seen twice: its sequence is already complete or the chunk already consumed",
+                where=Location(file=buf.file, origin=buf.origin, sequence=seq, chunk=chunk),
+                todo="this is a re-delivered buffer that deduplication missed; report it with the archive",
+                code="progress.buffer_seen_twice",
+            )
+        state.pending.setdefault(seq, {})[chunk] = buf
+        if buf.last_chunk:
+            state.last[seq] = chunk
+        state.max_seq = max(state.max_seq, seq)
+        state.cut = max(state.cut, (seq, chunk)) if state.cut is not None else (seq, chunk)
+        if self.mode == "arrival":
+            state.last_ingest = buf.ingest
+            state.idle_marker = buf.idle
+        elif seq == state.prefix + 1 and state.blocked is None:
+            decisions.append(self._decide_origin(state, buf))
+        while state.blocked is None and self._complete(state, state.prefix + 1):
+            self._enter(state, state.prefix + 1, decisions, closed=False)
+
+    def _complete(self, state: _Origin, seq: int) -> bool:
+        last = state.last.get(seq)
+        return last is not None and len(state.pending.get(seq, ())) == last - self.chunk_base + 1
+
+    def _enter(self, state: _Origin, seq: int, decisions: list[Decision], *, closed: bool) -> None:
+        chunks = state.pending.get(seq, {})
+        new_wm = list(state.wm)
+        clamped: list[Regression] = []
+        for index, key in enumerate(self.keys):
+            previous = state.wm[index]
+            candidates = [b.watermarks[index] for b in chunks.values() if b.watermarks[index] is not None]
+            if not candidates:
+                continue
+            value = max(candidates)
+            if value >= previous or key.derived or closed:
+                new_wm[index] = max(value, previous)
+                continue
+            if self.watermark_regression == "clamp":
+                clamped.append(Regression(origin=state.id, sequence=seq, key=key.name, watermark=value,
+                                          previous=previous, action="clamped"))
+                continue
+            if self.strict:
+                raise WatermarkRegressionError(
+                    f"the watermark of key '{key.name}' goes back from {format_ts(previous)} "
+                    f"to {format_ts(value)}",
+                    where=Location(origin=state.id, sequence=seq, file=min(b.file for b in chunks.values()),
+                                   extra={"key": key.name}),
+                    todo="fix the archiver's watermarks, or set 'watermark_regression: clamp' to hold the "
+                    "watermark and report the regression",
+                )
+            self.regressions.append(Regression(origin=state.id, sequence=seq, key=key.name, watermark=value,
+                                               previous=previous, action="held"))
+            state.blocked = seq
+            return
+        self.regressions.extend(clamped)
+        state.pending.pop(seq, None)
+        state.last.pop(seq, None)
+        state.prefix = seq
+        state.wm = new_wm
+        if self.mode == "origin":
+            for buf in sorted(state.pending.get(seq + 1, {}).values(), key=lambda b: b.chunk):
+                decisions.append(self._decide_origin(state, buf))
+
+    def _idle(self, state: _Origin) -> bool:
+        if self.mode != "arrival":
+            return False
+        if state.last_ingest is not None and state.idle_marker:
+            return True
+        if self.idle_timeout is None or self._clock is None:
+            return False
+        if state.last_ingest is None:
+            if state.id in self.expected or self._first_ingest is None:
+                return False
+            return self._clock - self._first_ingest >= self.idle_timeout
+        return self._clock - state.last_ingest >= self.idle_timeout
+
+    def _coalesce(self) -> None:
+        for index, origins in enumerate(self.participants):
+            previous = self.global_wm[index]
+            if not origins:
+                self._counted[index], self._window[index] = (), None
+                continue
+            local = {o: self._origins[o].wm[index] for o in origins}
+            active = [o for o in origins if not self._idle(self._origins[o])]
+            if not active:
+                counted = sorted(origins)
+                candidate = max(local.values())
+            else:
+                counted = sorted(o for o in active if local[o] >= previous)
+                candidate = min(local[o] for o in counted) if counted else previous
+            self.global_wm[index] = max(previous, candidate)
+            self._counted[index] = tuple(counted)
+            self._window[index] = (min(local[o] for o in counted), max(local[o] for o in counted)) if counted else None
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def add_participants(self, key: str, origins: Iterable[int]) -> None:
+        """Origins that join key ``key`` (first seen in a later incremental run)."""
+        index = next(i for i, k in enumerate(self.keys) if k.name == key)
+        for origin in origins:
+            self.participants[index].add(origin)
+            self._state(origin)
+
+    def snapshot(self) -> ProgressSnapshot:
+        """The current progress as immutable values."""
+        rows = []
+        for index, key in enumerate(self.keys):
+            for origin in sorted(self.participants[index]):
+                state = self._origins[origin]
+                rows.append(
+                    OriginProgress(
+                        origin=origin, key=key.name, complete_prefix=state.prefix,
+                        local_watermark=state.wm[index],
+                        pending_buffers=sum(len(c) for c in state.pending.values()),
+                        idle=self._idle(state), counted=origin in self._counted[index],
+                    )
+                )
+        keys = tuple(
+            KeyProgress(
+                key=key.name, global_watermark=self.global_wm[index],
+                effective_watermark=minus(self.global_wm[index], key.allowed_lateness),
+                time_window=self._window[index], participants=tuple(sorted(self.participants[index])),
+            )
+            for index, key in enumerate(self.keys)
+        )
+        gaps, incomplete = [], []
+        for origin, state in sorted(self._origins.items()):
+            for seq in range(state.prefix + 1, state.max_seq + 1):
+                if seq not in state.pending:
+                    gaps.append((origin, seq))
+                elif not self._complete(state, seq):
+                    incomplete.append((origin, seq))
+        return ProgressSnapshot(
+            mode=self.mode,
+            origins=tuple(rows),
+            keys=keys,
+            stream_cut={o: s.cut for o, s in sorted(self._origins.items()) if s.cut is not None},
+            gaps=tuple(gaps),
+            incomplete=tuple(incomplete),
+            skipped=tuple(self.skipped),
+            regressions=tuple(self.regressions),
+        )

@@ -1,0 +1,182 @@
+"""SPEC section 10 for the archive: every bad input stops with an error naming where and what to do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from replay.archive import discover_files, inspect_schema, resolve_lateness
+from replay.buffers import scan_buffers
+from replay.config import parse_config
+from replay.errors import (
+    ArchiveReadError,
+    ArchiveSchemaError,
+    BadBufferError,
+    ConfigError,
+    ConflictingDuplicateError,
+    EmptyArchiveError,
+    ReplayError,
+)
+
+pytestmark = pytest.mark.spark
+
+TS = pa.timestamp("us", tz="UTC")
+SCHEMA = pa.schema([
+    ("origin_id", pa.int64()), ("sequence_number", pa.int64()), ("chunk_number", pa.int32()),
+    ("last_chunk", pa.bool_()), ("watermark_ts", TS), ("ingest_ts", TS), ("event_time", TS),
+    ("key", pa.int64()), ("value", pa.float64()),
+])
+
+
+def row(origin: int = 1, seq: int = 1, chunk: int = 1, last: bool = True, wm: int | None = 10,
+        ingest: int | None = 0, t: int | None = 5, key: int | None = 1, value: float | None = 1.0) -> dict[str, Any]:
+    return {"origin_id": origin, "sequence_number": seq, "chunk_number": chunk, "last_chunk": last,
+            "watermark_ts": wm, "ingest_ts": ingest, "event_time": t, "key": key, "value": value}
+
+
+def write(path: Path, rows: list[dict[str, Any]], schema: pa.Schema = SCHEMA) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    return path
+
+
+def scan(spark: Any, archive: Path, **settings: Any) -> Any:
+    config = parse_config({"archive": str(archive)} | settings)
+    return scan_buffers(spark, inspect_schema(config), config)
+
+
+def test_empty_archives(tmp_path: Path, spark: Any) -> None:
+    (tmp_path / "none").mkdir()
+    with pytest.raises(EmptyArchiveError, match="no Parquet file") as err:
+        discover_files(str(tmp_path / "none"))
+    assert err.value.file == str(tmp_path / "none")
+    write(tmp_path / "zero" / "a.parquet", [])
+    with pytest.raises(EmptyArchiveError, match="hold no rows"):
+        scan(spark, tmp_path / "zero")
+    with pytest.raises(ArchiveReadError, match="does not exist"):
+        discover_files(str(tmp_path / "nowhere"))
+
+
+def test_truncated_and_non_parquet_files_are_named(tmp_path: Path) -> None:
+    good = write(tmp_path / "a" / "part-0.parquet", [row()])
+    data = good.read_bytes()
+    bad = tmp_path / "a" / "part-1.parquet"
+    bad.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ArchiveReadError, match="truncated") as err:
+        inspect_schema(parse_config({"archive": str(tmp_path / "a")}))
+    assert err.value.file == str(bad)
+    assert "What to do" in str(err.value) and str(bad) in str(err.value)
+
+
+@pytest.mark.parametrize("missing", ["origin_id", "sequence_number", "chunk_number", "last_chunk", "event_time", "key"])
+def test_missing_column(tmp_path: Path, missing: str) -> None:
+    schema = pa.schema([f for f in SCHEMA if f.name != missing])
+    path = write(tmp_path / "a.parquet", [{k: v for k, v in row().items() if k != missing}], schema)
+    with pytest.raises(ArchiveSchemaError, match=f"required column '{missing}'") as err:
+        inspect_schema(parse_config({"archive": str(tmp_path)}))
+    assert (err.value.file, err.value.column, err.value.code) == (str(path), missing, "archive.missing_column")
+
+
+@pytest.mark.parametrize(
+    ("column", "bad_type", "value", "hint"),
+    [("sequence_number", pa.string(), "1", "integer"), ("last_chunk", pa.int64(), 1, "bool"),
+     ("event_time", pa.int64(), 5, "time_unit: ms"), ("key", pa.float64(), 1.0, "string or int64"),
+     ("watermark_ts", pa.string(), "x", "timestamp")],
+)
+def test_mistyped_column(tmp_path: Path, column: str, bad_type: pa.DataType, value: Any, hint: str) -> None:
+    schema = pa.schema([pa.field(column, bad_type) if f.name == column else f for f in SCHEMA])
+    write(tmp_path / "a.parquet", [row() | {column: value}], schema)
+    with pytest.raises(ArchiveSchemaError, match=hint) as err:
+        inspect_schema(parse_config({"archive": str(tmp_path)}))
+    assert err.value.column == column
+
+
+def test_files_disagreeing_on_a_type(tmp_path: Path) -> None:
+    write(tmp_path / "a.parquet", [row()])
+    schema = pa.schema([pa.field("value", pa.string()) if f.name == "value" else f for f in SCHEMA])
+    odd = write(tmp_path / "b.parquet", [row() | {"value": "x"}], schema)
+    with pytest.raises(ArchiveSchemaError, match="in .*a.parquet") as err:
+        inspect_schema(parse_config({"archive": str(tmp_path)}))
+    assert (err.value.file, err.value.column) == (str(odd), "value")
+
+
+def test_configuration_against_archive(tmp_path: Path) -> None:
+    write(tmp_path / "a.parquet", [row()], SCHEMA.remove(SCHEMA.get_field_index("ingest_ts")))
+    with pytest.raises(ConfigError, match="'nope'") as err:
+        inspect_schema(parse_config({"archive": str(tmp_path), "windows": [
+            {"name": "w", "size": "1m", "aggregations": [{"fn": "sum", "column": "nope"}]}]}))
+    assert err.value.column == "nope" and err.value.exit_code == 2
+    with pytest.raises(ConfigError, match="watermark column 'wm2'"):
+        inspect_schema(parse_config({"archive": str(tmp_path), "watermarks": {"default": {"watermark": "wm2"}}}))
+    config = parse_config({"archive": str(tmp_path), "lateness": "arrival"})
+    with pytest.raises(ConfigError, match="needs the ingest_ts column"):
+        resolve_lateness(config, inspect_schema(config))
+
+
+@pytest.mark.parametrize(
+    ("rows", "settings", "code", "where"),
+    [
+        ([row(seq=0)], {}, "archive.bad_sequence", {"origin": 1, "sequence": 0}),
+        ([row(origin=0)], {}, "archive.bad_origin", {"origin": 0}),
+        ([row(chunk=0)], {}, "archive.bad_chunk", {"chunk": 0}),
+        ([row(chunk=0)], {"chunk_base": 0}, None, {}),
+        ([row(chunk=1, last=True), row(chunk=2, last=True)], {}, "archive.two_last_chunks", {"sequence": 1}),
+        ([row(chunk=2, last=True), row(chunk=3, last=False)], {}, "archive.chunk_beyond_last", {"chunk": 3}),
+        ([row(), row(wm=11)], {}, "archive.metadata_disagrees", {"column": "watermark_ts"}),
+        ([row(), row(wm=None)], {}, "archive.metadata_disagrees", {"column": "watermark_ts"}),
+        ([row(), row(last=False)], {}, "archive.metadata_disagrees", {"column": "last_chunk"}),
+        ([row(), row(ingest=1)], {}, "archive.metadata_disagrees", {"column": "ingest_ts"}),
+        ([row(ingest=None)], {}, "archive.null_metadata", {"column": "ingest_ts"}),
+        ([row(last=None)], {}, "archive.null_metadata", {"column": "last_chunk"}),  # type: ignore[arg-type]
+        ([row(seq=None)], {}, "archive.null_identity", {"column": "sequence_number"}),  # type: ignore[arg-type]
+    ],
+)
+def test_bad_buffers(tmp_path: Path, spark: Any, rows: list[dict[str, Any]], settings: dict[str, Any],
+                     code: str | None, where: dict[str, Any]) -> None:
+    path = write(tmp_path / "a.parquet", rows)
+    if code is None:
+        assert len(scan(spark, tmp_path, **settings).buffers) == 1
+        return
+    with pytest.raises(BadBufferError) as err:
+        scan(spark, tmp_path, **settings)
+    assert err.value.code == code
+    assert err.value.file == str(path)
+    for name, value in where.items():
+        assert getattr(err.value, name) == value, (name, str(err.value))
+    assert "What to do" in str(err.value)
+
+
+def test_conflicting_duplicate_names_both_files(tmp_path: Path, spark: Any) -> None:
+    first = write(tmp_path / "a.parquet", [row(ingest=0), row(t=6, ingest=0)])
+    second = write(tmp_path / "b.parquet", [row(ingest=9), row(t=7, ingest=9)])
+    with pytest.raises(ConflictingDuplicateError) as err:
+        scan(spark, tmp_path)
+    assert (err.value.origin, err.value.sequence, err.value.chunk) == (1, 1, 1)
+    assert str(first) in str(err.value) and str(second) in str(err.value)
+    kept = scan(spark, tmp_path, on_conflict="keep_first")
+    assert [(c.kept_file, c.other_file) for c in kept.conflicts] == [(str(first), str(second))]
+    assert kept.buffers[0].file == str(first)
+
+
+def test_identical_duplicates_are_counted_and_first_arrival_kept(tmp_path: Path, spark: Any) -> None:
+    # The same buffer, rows in another order, archived later; and a second copy inside one file.
+    write(tmp_path / "a.parquet", [row(t=6, ingest=5), row(t=7, ingest=5), row(seq=2, wm=20), row(t=7, ingest=5),
+                                   row(t=6, ingest=5)])
+    write(tmp_path / "b.parquet", [row(t=7, ingest=3), row(t=6, ingest=3)])
+    result = scan(spark, tmp_path)
+    assert [b.identity for b in result.buffers] == [(1, 1, 1), (1, 2, 1)]
+    kept = result.buffers[0]
+    assert (kept.file, kept.ingest) == (str(tmp_path / "b.parquet"), 3)
+    assert sorted((d.file, d.row_start) for d in result.duplicates) == [
+        (str(tmp_path / "a.parquet"), 0), (str(tmp_path / "a.parquet"), 3)]
+    assert result.tuples_read == 7 and sum(d.tuples for d in result.duplicates) == 4
+
+
+def test_every_error_is_a_replay_error() -> None:
+    for cls in (ArchiveReadError, ArchiveSchemaError, BadBufferError, ConfigError, ConflictingDuplicateError,
+                EmptyArchiveError):
+        assert issubclass(cls, ReplayError)

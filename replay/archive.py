@@ -187,11 +187,14 @@ def _time_kind(field: pa.Field, *, time_unit: str) -> str | None:
     return None
 
 
-def _type_error(path: str, column: str, role: str, found: pa.DataType, wanted: str, hint: str = "") -> ArchiveSchemaError:
+def _type_error(
+    path: str, column: str, role: str, found: pa.DataType, wanted: str, hint: str = ""
+) -> ArchiveSchemaError:
     return ArchiveSchemaError(
         f"column '{column}' ({role}) has type {found}, expected {wanted}",
         where=Location(file=path, column=column),
-        todo=hint or f"rewrite the file with {wanted} in '{column}', or map the role to another column under 'columns:'",
+        todo=hint
+        or f"rewrite the file with {wanted} in '{column}', or map the role to another column under 'columns:'",
         code="archive.wrong_type",
     )
 
@@ -308,7 +311,9 @@ def inspect_schema(
                 )
         if watermark is not None:
             time_columns[watermark] = _check_time(path, schema, watermark, f"watermark of key {name}", config.time_unit)
-        keys.append(ResolvedKey(name=name, event_time=event, watermark=watermark, allowed_lateness=spec.allowed_lateness))
+        keys.append(
+            ResolvedKey(name=name, event_time=event, watermark=watermark, allowed_lateness=spec.allowed_lateness)
+        )
 
     for window in config.windows:
         for agg in window.aggregations:

@@ -187,9 +187,7 @@ def _runs_frame(df: DataFrame, layout: ArchiveLayout, scattered: list[dict[str, 
     ).drop("t_file", "t_origin", "t_sequence", "t_chunk")
     # Gaps and islands: positions p1 < p2 < ... of one identity; p_i - i is constant
     # exactly along a run of consecutive rows.
-    order = Window.partitionBy(
-        "_file", layout.origin_id, layout.sequence_number, layout.chunk_number
-    ).orderBy("_row")
+    order = Window.partitionBy("_file", layout.origin_id, layout.sequence_number, layout.chunk_number).orderBy("_row")
     return joined.withColumn("_run", F.col("_row") - F.row_number().over(order))
 
 
@@ -217,7 +215,11 @@ def _display_path(spark_path: str, layout: ArchiveLayout) -> str:
 def _check_copy(rec: dict[str, Any], layout: ArchiveLayout, chunk_base: int) -> None:
     file = rec["_file"]
     where = {"file": file, "origin": rec["origin"], "sequence": rec["sequence"], "chunk": rec["chunk"]}
-    for role, value in (("origin_id", rec["origin"]), ("sequence_number", rec["sequence"]), ("chunk_number", rec["chunk"])):
+    for role, value in (
+        ("origin_id", rec["origin"]),
+        ("sequence_number", rec["sequence"]),
+        ("chunk_number", rec["chunk"]),
+    ):
         if value is None:
             column = getattr(layout, role)
             raise BadBufferError(
@@ -279,8 +281,15 @@ def _to_buffer(rec: dict[str, Any], layout: ArchiveLayout) -> Buffer:
     for index, key in enumerate(layout.keys):
         watermarks.append(rec[f"wm{index}_min"] if key.watermark is not None else rec[f"ev{index}_max"])
     content = hashlib.blake2b(digest_size=16)
-    parts = [rec["rows"], rec["tuples"], rec["hash_lo"], rec["hash_hi"], rec["last_chunk_min"],
-             rec.get("idle_min"), *watermarks]
+    parts = [
+        rec["rows"],
+        rec["tuples"],
+        rec["hash_lo"],
+        rec["hash_hi"],
+        rec["last_chunk_min"],
+        rec.get("idle_min"),
+        *watermarks,
+    ]
     content.update(repr(parts).encode())
     return Buffer(
         origin=rec["origin"],
@@ -376,21 +385,34 @@ def scan_buffers(
             if other.content_hash == first.content_hash:
                 duplicates.append(
                     DuplicateCopy(
-                        origin=other.origin, sequence=other.sequence, chunk=other.chunk, file=other.file,
-                        row_start=other.row_start, tuples=other.tuples, kept_file=first.file,
+                        origin=other.origin,
+                        sequence=other.sequence,
+                        chunk=other.chunk,
+                        file=other.file,
+                        row_start=other.row_start,
+                        tuples=other.tuples,
+                        kept_file=first.file,
                     )
                 )
                 continue
             conflict = Conflict(
-                origin=other.origin, sequence=other.sequence, chunk=other.chunk, kept_file=first.file,
-                kept_row=first.row_start, other_file=other.file, other_row=other.row_start,
+                origin=other.origin,
+                sequence=other.sequence,
+                chunk=other.chunk,
+                kept_file=first.file,
+                kept_row=first.row_start,
+                other_file=other.file,
+                other_row=other.row_start,
             )
             if strict and config.on_conflict == "fail":
                 raise ConflictingDuplicateError(
                     f"buffer archived twice with different content: in {first.file} (row {first.row_start}) "
                     f"and {other.file} (row {other.row_start})",
                     where=Location(
-                        origin=other.origin, sequence=other.sequence, chunk=other.chunk, file=first.file,
+                        origin=other.origin,
+                        sequence=other.sequence,
+                        chunk=other.chunk,
+                        file=first.file,
                         extra={"other_file": other.file},
                     ),
                     todo="find out which copy is right and remove the other, or set 'on_conflict: keep_first' "

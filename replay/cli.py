@@ -49,8 +49,12 @@ class _Steps:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._progress = Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                console=Console(stderr=True), transient=False,
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                transient=False,
             )
             self._progress.__enter__()
         return self
@@ -113,10 +117,22 @@ def generate(
 
     try:
         options = GenerateOptions(
-            origins=origins, tuples=tuples, buffer_tuples=buffer_tuples, keys=keys, seed=seed, gaps=gaps,
-            duplicates=duplicates, conflicts=conflicts, late_fraction=late_fraction,
-            multi_chunk_fraction=multi_chunk_fraction, files=files, ingest_ts=ingest_ts, watermarks=watermarks,
-            idle=idle, chunk_base=chunk_base, key_type=key_type,
+            origins=origins,
+            tuples=tuples,
+            buffer_tuples=buffer_tuples,
+            keys=keys,
+            seed=seed,
+            gaps=gaps,
+            duplicates=duplicates,
+            conflicts=conflicts,
+            late_fraction=late_fraction,
+            multi_chunk_fraction=multi_chunk_fraction,
+            files=files,
+            ingest_ts=ingest_ts,
+            watermarks=watermarks,
+            idle=idle,
+            chunk_base=chunk_base,
+            key_type=key_type,
         )
     except ValueError as exc:
         typer.echo(f"replay: error: {exc}", err=True)
@@ -145,8 +161,9 @@ def inspect(
 
     try:
         job = _load(config, archive)
-        with _Steps({"footers": "reading footers", "buffers": "scanning buffers (Spark)",
-                     "progress": "tracking progress"}) as steps:
+        with _Steps(
+            {"footers": "reading footers", "buffers": "scanning buffers (Spark)", "progress": "tracking progress"}
+        ) as steps:
             report = inspect_archive(job, on_step=steps)
     except ReplayError as error:
         raise _fail(error) from error
@@ -168,31 +185,50 @@ def _print_inspection(data: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    # On a terminal rich fits the terminal; piped output gets room for full timestamps.
+    console = Console() if sys.stdout.isatty() else Console(width=200)
     console.print(
         f"[bold]{data['archive']}[/bold]: {data['files']} file(s), {data['buffers']} buffers, "
         f"{data['tuples_read']} tuples, lateness mode [bold]{data['lateness']}[/bold]"
     )
     table = Table(title="Progress per origin and key")
-    columns = ["origin_id", "wm_key", "complete_prefix", "local_watermark", "pending_buffers", "gaps",
-               "duplicates", "conflicts", "regressions", "idle"]
-    for name in columns:
-        table.add_column(name, justify="right" if name not in ("wm_key", "local_watermark") else "left")
+    columns = {
+        "origin_id": "origin",
+        "wm_key": "key",
+        "complete_prefix": "prefix",
+        "local_watermark": "local wm",
+        "pending_buffers": "pending",
+        "gaps": "gaps",
+        "duplicates": "dups",
+        "conflicts": "conflicts",
+        "regressions": "regressions",
+        "idle": "idle",
+    }
+    for name, title in columns.items():
+        table.add_column(
+            title,
+            justify="left" if name in ("wm_key", "local_watermark") else "right",
+            no_wrap=name == "local_watermark",
+        )
     for row in data["origins"]:
         table.add_row(*[str(row[c]) for c in columns])
     console.print(table)
     keys = Table(title="Per key")
-    key_columns = ["wm_key", "watermark", "allowed_lateness", "global_watermark", "time_window_lower",
-                   "time_window_upper"]
-    for name in key_columns:
-        keys.add_column(name)
+    key_columns = {
+        "wm_key": "key",
+        "watermark": "watermark column",
+        "allowed_lateness": "lateness",
+        "global_watermark": "global wm",
+        "time_window_lower": "window lower",
+        "time_window_upper": "window upper",
+    }
+    for name, title in key_columns.items():
+        keys.add_column(title, no_wrap=name not in ("wm_key", "watermark"))
     for row in data["keys"]:
         keys.add_row(*[str(row[c]) for c in key_columns])
     console.print(keys)
     integrity = data["integrity"]
-    console.print(
-        "integrity: " + ", ".join(f"{name} {len(items)}" for name, items in integrity.items())
-    )
+    console.print("integrity: " + ", ".join(f"{name} {len(items)}" for name, items in integrity.items()))
 
 
 def main() -> None:

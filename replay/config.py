@@ -32,12 +32,12 @@ from replay.timeutil import format_duration, parse_duration
 
 __all__ = [
     "AGGREGATION_FUNCTIONS",
+    "RESULT_FIELDS",
     "Aggregation",
     "ColumnMapping",
     "Duration",
     "JobConfig",
     "MicroBatch",
-    "RESULT_FIELDS",
     "SparkSettings",
     "WatermarkKey",
     "WindowSpec",

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 __all__ = [
-    "ArchiveSchemaError",
     "ArchiveReadError",
+    "ArchiveSchemaError",
     "BadBufferError",
     "ConfigError",
     "ConflictingDuplicateError",

@@ -104,20 +104,36 @@ class InspectReport:
                     for s in self.progress.skipped
                 ],
                 "duplicates": [
-                    {"origin_id": d.origin, "sequence_number": d.sequence, "chunk_number": d.chunk,
-                     "file": d.file, "kept_file": d.kept_file, "tuples": d.tuples}
+                    {
+                        "origin_id": d.origin,
+                        "sequence_number": d.sequence,
+                        "chunk_number": d.chunk,
+                        "file": d.file,
+                        "kept_file": d.kept_file,
+                        "tuples": d.tuples,
+                    }
                     for d in self.scan.duplicates
                 ],
                 "conflicts": [
-                    {"origin_id": c.origin, "sequence_number": c.sequence, "chunk_number": c.chunk,
-                     "kept_file": c.kept_file, "other_file": c.other_file,
-                     "action": "kept first" if self.config.on_conflict == "keep_first" else "would fail the run"}
+                    {
+                        "origin_id": c.origin,
+                        "sequence_number": c.sequence,
+                        "chunk_number": c.chunk,
+                        "kept_file": c.kept_file,
+                        "other_file": c.other_file,
+                        "action": "kept first" if self.config.on_conflict == "keep_first" else "would fail the run",
+                    }
                     for c in self.scan.conflicts
                 ],
                 "regressions": [
-                    {"origin_id": r.origin, "sequence_number": r.sequence, "wm_key": r.key,
-                     "watermark": format_ts(r.watermark), "previous": format_ts(r.previous),
-                     "action": "clamped" if r.action == "clamped" else "would fail the run"}
+                    {
+                        "origin_id": r.origin,
+                        "sequence_number": r.sequence,
+                        "wm_key": r.key,
+                        "watermark": format_ts(r.watermark),
+                        "previous": format_ts(r.previous),
+                        "action": "clamped" if r.action == "clamped" else "would fail the run",
+                    }
                     for r in self.progress.regressions
                 ],
             },
@@ -135,12 +151,15 @@ def participants_of(buffers: Sequence[Buffer], layout: ArchiveLayout) -> dict[st
     return result
 
 
-def engine_for(config: JobConfig, layout: ArchiveLayout, lateness: str, buffers: Sequence[Buffer], *,
-               strict: bool) -> ProgressEngine:
+def engine_for(
+    config: JobConfig, layout: ArchiveLayout, lateness: str, buffers: Sequence[Buffer], *, strict: bool
+) -> ProgressEngine:
     """A progress engine configured from the job, with the participants found in ``buffers``."""
     return ProgressEngine(
-        keys=[KeySettings(name=k.name, allowed_lateness=k.allowed_lateness, derived=k.watermark is None)
-              for k in layout.keys],
+        keys=[
+            KeySettings(name=k.name, allowed_lateness=k.allowed_lateness, derived=k.watermark is None)
+            for k in layout.keys
+        ],
         mode=lateness,
         participants=participants_of(buffers, layout),
         expected_origins=config.expected_origins,

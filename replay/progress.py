@@ -272,15 +272,21 @@ class ProgressEngine:
     def _decide_global(self, buf: Buffer) -> Decision:
         thresholds = tuple(minus(g, k.allowed_lateness) for g, k in zip(self.global_wm, self.keys, strict=True))
         return Decision(
-            origin=buf.origin, sequence=buf.sequence, chunk=buf.chunk,
-            thresholds=thresholds, reasons=(BEHIND_GLOBAL,) * len(self.keys),
+            origin=buf.origin,
+            sequence=buf.sequence,
+            chunk=buf.chunk,
+            thresholds=thresholds,
+            reasons=(BEHIND_GLOBAL,) * len(self.keys),
         )
 
     def _decide_origin(self, state: _Origin, buf: Buffer) -> Decision:
         thresholds = tuple(minus(w, k.allowed_lateness) for w, k in zip(state.wm, self.keys, strict=True))
         return Decision(
-            origin=buf.origin, sequence=buf.sequence, chunk=buf.chunk,
-            thresholds=thresholds, reasons=(BEHIND_ORIGIN,) * len(self.keys),
+            origin=buf.origin,
+            sequence=buf.sequence,
+            chunk=buf.chunk,
+            thresholds=thresholds,
+            reasons=(BEHIND_ORIGIN,) * len(self.keys),
         )
 
     def _apply(self, buf: Buffer, decisions: list[Decision]) -> None:
@@ -324,20 +330,34 @@ class ProgressEngine:
                 new_wm[index] = max(value, previous)
                 continue
             if self.watermark_regression == "clamp":
-                clamped.append(Regression(origin=state.id, sequence=seq, key=key.name, watermark=value,
-                                          previous=previous, action="clamped"))
+                clamped.append(
+                    Regression(
+                        origin=state.id,
+                        sequence=seq,
+                        key=key.name,
+                        watermark=value,
+                        previous=previous,
+                        action="clamped",
+                    )
+                )
                 continue
             if self.strict:
                 raise WatermarkRegressionError(
-                    f"the watermark of key '{key.name}' goes back from {format_ts(previous)} "
-                    f"to {format_ts(value)}",
-                    where=Location(origin=state.id, sequence=seq, file=min(b.file for b in chunks.values()),
-                                   extra={"key": key.name}),
+                    f"the watermark of key '{key.name}' goes back from {format_ts(previous)} to {format_ts(value)}",
+                    where=Location(
+                        origin=state.id,
+                        sequence=seq,
+                        file=min(b.file for b in chunks.values()),
+                        extra={"key": key.name},
+                    ),
                     todo="fix the archiver's watermarks, or set 'watermark_regression: clamp' to hold the "
                     "watermark and report the regression",
                 )
-            self.regressions.append(Regression(origin=state.id, sequence=seq, key=key.name, watermark=value,
-                                               previous=previous, action="held"))
+            self.regressions.append(
+                Regression(
+                    origin=state.id, sequence=seq, key=key.name, watermark=value, previous=previous, action="held"
+                )
+            )
             state.blocked = seq
             return
         self.regressions.extend(clamped)
@@ -397,17 +417,22 @@ class ProgressEngine:
                 state = self._origins[origin]
                 rows.append(
                     OriginProgress(
-                        origin=origin, key=key.name, complete_prefix=state.prefix,
+                        origin=origin,
+                        key=key.name,
+                        complete_prefix=state.prefix,
                         local_watermark=state.wm[index],
                         pending_buffers=sum(len(c) for c in state.pending.values()),
-                        idle=self._idle(state), counted=origin in self._counted[index],
+                        idle=self._idle(state),
+                        counted=origin in self._counted[index],
                     )
                 )
         keys = tuple(
             KeyProgress(
-                key=key.name, global_watermark=self.global_wm[index],
+                key=key.name,
+                global_watermark=self.global_wm[index],
                 effective_watermark=minus(self.global_wm[index], key.allowed_lateness),
-                time_window=self._window[index], participants=tuple(sorted(self.participants[index])),
+                time_window=self._window[index],
+                participants=tuple(sorted(self.participants[index])),
             )
             for index, key in enumerate(self.keys)
         )

@@ -28,7 +28,6 @@ _DEFAULTS = {
     # both small: a few partitions per core beat Spark's default of 200.
     "spark.sql.shuffle.partitions": "8",
     "spark.sql.adaptive.enabled": "true",
-    "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN",
 }
 
 
@@ -66,8 +65,11 @@ def get_session(settings: SparkSettings | None = None, *, app_name: str = "repla
     if active is not None:
         return active
     check_java()
-    builder = SparkSession.builder.appName(app_name)
     master = settings.master if settings is not None else "local[*]"
+    if master.startswith("local"):
+        # An embedded driver talks to itself only: bind to loopback instead of guessing an interface.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.appName(app_name)
     builder = builder.master(master)
     conf = dict(_DEFAULTS)
     if settings is not None:

@@ -60,7 +60,9 @@ def parse_duration(text: str | int | timedelta) -> int:
         raise ValueError(f"duration {text!r} has no unit; write it like 60s, 5m, 250ms, 1h or 2d")
     match = _DURATION.match(text)
     if match is None:
-        raise ValueError(f"duration {text!r} is not a number followed by one of us, ms, s, m, h, d (e.g. 60s, 5m, 250ms)")
+        raise ValueError(
+            f"duration {text!r} is not a number followed by one of us, ms, s, m, h, d (e.g. 60s, 5m, 250ms)"
+        )
     return int(match.group(1)) * _UNITS[match.group(2)]
 
 
@@ -82,7 +84,9 @@ def from_datetime(value: datetime) -> int:
         ValueError: the datetime is naive (has no offset).
     """
     if value.tzinfo is None or value.utcoffset() is None:
-        raise ValueError(f"timestamp {value.isoformat()} has no UTC offset; write it with one, e.g. 2026-01-01T00:00:00Z")
+        raise ValueError(
+            f"timestamp {value.isoformat()} has no UTC offset; write it with one, e.g. 2026-01-01T00:00:00Z"
+        )
     delta = value - _EPOCH
     return (delta.days * 86400 + delta.seconds) * MICROS_PER_SECOND + delta.microseconds
 

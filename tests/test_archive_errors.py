@@ -25,17 +25,43 @@ from replay.errors import (
 pytestmark = pytest.mark.spark
 
 TS = pa.timestamp("us", tz="UTC")
-SCHEMA = pa.schema([
-    ("origin_id", pa.int64()), ("sequence_number", pa.int64()), ("chunk_number", pa.int32()),
-    ("last_chunk", pa.bool_()), ("watermark_ts", TS), ("ingest_ts", TS), ("event_time", TS),
-    ("key", pa.int64()), ("value", pa.float64()),
-])
+SCHEMA = pa.schema(
+    [
+        ("origin_id", pa.int64()),
+        ("sequence_number", pa.int64()),
+        ("chunk_number", pa.int32()),
+        ("last_chunk", pa.bool_()),
+        ("watermark_ts", TS),
+        ("ingest_ts", TS),
+        ("event_time", TS),
+        ("key", pa.int64()),
+        ("value", pa.float64()),
+    ]
+)
 
 
-def row(origin: int = 1, seq: int = 1, chunk: int = 1, last: bool = True, wm: int | None = 10,
-        ingest: int | None = 0, t: int | None = 5, key: int | None = 1, value: float | None = 1.0) -> dict[str, Any]:
-    return {"origin_id": origin, "sequence_number": seq, "chunk_number": chunk, "last_chunk": last,
-            "watermark_ts": wm, "ingest_ts": ingest, "event_time": t, "key": key, "value": value}
+def row(
+    origin: int = 1,
+    seq: int = 1,
+    chunk: int = 1,
+    last: bool = True,
+    wm: int | None = 10,
+    ingest: int | None = 0,
+    t: int | None = 5,
+    key: int | None = 1,
+    value: float | None = 1.0,
+) -> dict[str, Any]:
+    return {
+        "origin_id": origin,
+        "sequence_number": seq,
+        "chunk_number": chunk,
+        "last_chunk": last,
+        "watermark_ts": wm,
+        "ingest_ts": ingest,
+        "event_time": t,
+        "key": key,
+        "value": value,
+    }
 
 
 def write(path: Path, rows: list[dict[str, Any]], schema: pa.Schema = SCHEMA) -> Path:
@@ -83,9 +109,13 @@ def test_missing_column(tmp_path: Path, missing: str) -> None:
 
 @pytest.mark.parametrize(
     ("column", "bad_type", "value", "hint"),
-    [("sequence_number", pa.string(), "1", "integer"), ("last_chunk", pa.int64(), 1, "bool"),
-     ("event_time", pa.int64(), 5, "time_unit: ms"), ("key", pa.float64(), 1.0, "string or int64"),
-     ("watermark_ts", pa.string(), "x", "timestamp")],
+    [
+        ("sequence_number", pa.string(), "1", "integer"),
+        ("last_chunk", pa.int64(), 1, "bool"),
+        ("event_time", pa.int64(), 5, "time_unit: ms"),
+        ("key", pa.float64(), 1.0, "string or int64"),
+        ("watermark_ts", pa.string(), "x", "timestamp"),
+    ],
 )
 def test_mistyped_column(tmp_path: Path, column: str, bad_type: pa.DataType, value: Any, hint: str) -> None:
     schema = pa.schema([pa.field(column, bad_type) if f.name == column else f for f in SCHEMA])
@@ -99,7 +129,7 @@ def test_files_disagreeing_on_a_type(tmp_path: Path) -> None:
     write(tmp_path / "a.parquet", [row()])
     schema = pa.schema([pa.field("value", pa.string()) if f.name == "value" else f for f in SCHEMA])
     odd = write(tmp_path / "b.parquet", [row() | {"value": "x"}], schema)
-    with pytest.raises(ArchiveSchemaError, match="in .*a.parquet") as err:
+    with pytest.raises(ArchiveSchemaError, match=r"in .*a\.parquet") as err:
         inspect_schema(parse_config({"archive": str(tmp_path)}))
     assert (err.value.file, err.value.column) == (str(odd), "value")
 
@@ -107,8 +137,14 @@ def test_files_disagreeing_on_a_type(tmp_path: Path) -> None:
 def test_configuration_against_archive(tmp_path: Path) -> None:
     write(tmp_path / "a.parquet", [row()], SCHEMA.remove(SCHEMA.get_field_index("ingest_ts")))
     with pytest.raises(ConfigError, match="'nope'") as err:
-        inspect_schema(parse_config({"archive": str(tmp_path), "windows": [
-            {"name": "w", "size": "1m", "aggregations": [{"fn": "sum", "column": "nope"}]}]}))
+        inspect_schema(
+            parse_config(
+                {
+                    "archive": str(tmp_path),
+                    "windows": [{"name": "w", "size": "1m", "aggregations": [{"fn": "sum", "column": "nope"}]}],
+                }
+            )
+        )
     assert err.value.column == "nope" and err.value.exit_code == 2
     with pytest.raises(ConfigError, match="watermark column 'wm2'"):
         inspect_schema(parse_config({"archive": str(tmp_path), "watermarks": {"default": {"watermark": "wm2"}}}))
@@ -135,8 +171,14 @@ def test_configuration_against_archive(tmp_path: Path) -> None:
         ([row(seq=None)], {}, "archive.null_identity", {"column": "sequence_number"}),  # type: ignore[arg-type]
     ],
 )
-def test_bad_buffers(tmp_path: Path, spark: Any, rows: list[dict[str, Any]], settings: dict[str, Any],
-                     code: str | None, where: dict[str, Any]) -> None:
+def test_bad_buffers(
+    tmp_path: Path,
+    spark: Any,
+    rows: list[dict[str, Any]],
+    settings: dict[str, Any],
+    code: str | None,
+    where: dict[str, Any],
+) -> None:
     path = write(tmp_path / "a.parquet", rows)
     if code is None:
         assert len(scan(spark, tmp_path, **settings).buffers) == 1
@@ -164,19 +206,29 @@ def test_conflicting_duplicate_names_both_files(tmp_path: Path, spark: Any) -> N
 
 def test_identical_duplicates_are_counted_and_first_arrival_kept(tmp_path: Path, spark: Any) -> None:
     # The same buffer, rows in another order, archived later; and a second copy inside one file.
-    write(tmp_path / "a.parquet", [row(t=6, ingest=5), row(t=7, ingest=5), row(seq=2, wm=20), row(t=7, ingest=5),
-                                   row(t=6, ingest=5)])
+    write(
+        tmp_path / "a.parquet",
+        [row(t=6, ingest=5), row(t=7, ingest=5), row(seq=2, wm=20), row(t=7, ingest=5), row(t=6, ingest=5)],
+    )
     write(tmp_path / "b.parquet", [row(t=7, ingest=3), row(t=6, ingest=3)])
     result = scan(spark, tmp_path)
     assert [b.identity for b in result.buffers] == [(1, 1, 1), (1, 2, 1)]
     kept = result.buffers[0]
     assert (kept.file, kept.ingest) == (str(tmp_path / "b.parquet"), 3)
     assert sorted((d.file, d.row_start) for d in result.duplicates) == [
-        (str(tmp_path / "a.parquet"), 0), (str(tmp_path / "a.parquet"), 3)]
+        (str(tmp_path / "a.parquet"), 0),
+        (str(tmp_path / "a.parquet"), 3),
+    ]
     assert result.tuples_read == 7 and sum(d.tuples for d in result.duplicates) == 4
 
 
 def test_every_error_is_a_replay_error() -> None:
-    for cls in (ArchiveReadError, ArchiveSchemaError, BadBufferError, ConfigError, ConflictingDuplicateError,
-                EmptyArchiveError):
+    for cls in (
+        ArchiveReadError,
+        ArchiveSchemaError,
+        BadBufferError,
+        ConfigError,
+        ConflictingDuplicateError,
+        EmptyArchiveError,
+    ):
         assert issubclass(cls, ReplayError)

@@ -60,8 +60,11 @@ def test_examples_in_repo_load() -> None:
         ({"windows": [window(size="60")]}, "windows.0.size", "one of us, ms, s, m, h, d"),
         ({"windows": [window(size=60)]}, "windows.0.size", "has no unit"),
         ({"windows": [window(aggregations=[{"fn": "sum"}])]}, "windows.0.aggregations.0", "needs a column"),
-        ({"windows": [window(aggregations=[{"fn": "median", "column": "v"}])]}, "windows.0.aggregations.0.fn",
-         "'count'"),
+        (
+            {"windows": [window(aggregations=[{"fn": "median", "column": "v"}])]},
+            "windows.0.aggregations.0.fn",
+            "'count'",
+        ),
         ({"windows": [window(wm_key="other")]}, "(top level)", "wm_key 'other', which is not declared"),
         ({"windows": [window(), window()]}, "(top level)", "window names must be unique"),
         ({"lateness": "sometimes"}, "lateness", "'origin'"),
@@ -70,8 +73,7 @@ def test_examples_in_repo_load() -> None:
         ({"micro_batch": {"max_buffers": 0}}, "micro_batch.max_buffers", "greater than 0"),
         ({"idle_timeout": "0s"}, "idle_timeout", "must be positive"),
         ({"colums": {}}, "colums", "Extra inputs are not permitted"),
-        ({"watermarks": {"default": {"allowed_lateness": "-1s"}}}, "watermarks.default.allowed_lateness",
-         "0 or more"),
+        ({"watermarks": {"default": {"allowed_lateness": "-1s"}}}, "watermarks.default.allowed_lateness", "0 or more"),
     ],
 )
 def test_errors_name_field_value_and_rule(settings: dict[str, object], field: str, words: str) -> None:
@@ -96,11 +98,24 @@ def test_yaml_errors_name_the_file(tmp_path: Path) -> None:
 
 def test_fingerprint_covers_result_fields_only() -> None:
     base = parse_config({"archive": "a", "windows": [window()]})
-    same = parse_config({"archive": "elsewhere", "output": "o", "micro_batch": {"max_buffers": 3},
-                         "spark": {"master": "spark://127.0.0.1:7077"}, "windows": [window(size="1m")]})
+    same = parse_config(
+        {
+            "archive": "elsewhere",
+            "output": "o",
+            "micro_batch": {"max_buffers": 3},
+            "spark": {"master": "spark://127.0.0.1:7077"},
+            "windows": [window(size="1m")],
+        }
+    )
     assert base.fingerprint() == same.fingerprint()
-    for change in ({"windows": [window(size="2m")]}, {"lateness": "origin"}, {"chunk_base": 0},
-                   {"columns": {"key": "k"}}, {"gap_policy": "skip"}, {"on_conflict": "keep_first"}):
+    for change in (
+        {"windows": [window(size="2m")]},
+        {"lateness": "origin"},
+        {"chunk_base": 0},
+        {"columns": {"key": "k"}},
+        {"gap_policy": "skip"},
+        {"on_conflict": "keep_first"},
+    ):
         other = parse_config({"archive": "a", "windows": [window()]} | change)
         assert other.fingerprint() != base.fingerprint(), change
 

@@ -14,11 +14,30 @@ from replay.progress import BEHIND_GLOBAL, BEHIND_ORIGIN, KeySettings, ProgressE
 from replay.timeutil import NEG_INF
 
 
-def buf(origin: int, seq: int, chunk: int = 1, *, last: bool = True, wm: int | None = None,
-        ingest: int | None = None, idle: bool = False) -> Buffer:
+def buf(
+    origin: int,
+    seq: int,
+    chunk: int = 1,
+    *,
+    last: bool = True,
+    wm: int | None = None,
+    ingest: int | None = None,
+    idle: bool = False,
+) -> Buffer:
     return Buffer(
-        origin=origin, sequence=seq, chunk=chunk, last_chunk=last, watermarks=(wm,), min_event=(None,),
-        max_event=(None,), ingest=ingest, idle=idle, tuples=1, rows=1, file="f.parquet", row_start=0,
+        origin=origin,
+        sequence=seq,
+        chunk=chunk,
+        last_chunk=last,
+        watermarks=(wm,),
+        min_event=(None,),
+        max_event=(None,),
+        ingest=ingest,
+        idle=idle,
+        tuples=1,
+        rows=1,
+        file="f.parquet",
+        row_start=0,
         content_hash="x",
     )
 
@@ -28,7 +47,9 @@ def engine(mode: str = "origin", origins: tuple[int, ...] = (1,), **kwargs: obje
     derived = kwargs.pop("derived", False)
     return ProgressEngine(
         keys=[KeySettings(name="default", allowed_lateness=lateness, derived=derived)],  # type: ignore[arg-type]
-        mode=mode, participants={"default": origins}, **kwargs,  # type: ignore[arg-type]
+        mode=mode,
+        participants={"default": origins},
+        **kwargs,  # type: ignore[arg-type]
     )
 
 
@@ -144,7 +165,9 @@ def test_origin_threshold_waits_for_predecessor() -> None:
     assert [(d.sequence, d.thresholds[0]) for d in first] == [(1, NEG_INF)]
     later = eng.feed([buf(1, 2, wm=20)])
     assert [(d.sequence, d.thresholds[0], d.reasons[0]) for d in later] == [
-        (2, 10 - 2, BEHIND_ORIGIN), (3, 20 - 2, BEHIND_ORIGIN)]
+        (2, 10 - 2, BEHIND_ORIGIN),
+        (3, 20 - 2, BEHIND_ORIGIN),
+    ]
 
 
 def test_gap_skip_closes_at_end_of_run() -> None:
@@ -205,6 +228,7 @@ def test_expected_origin_holds_global_watermark() -> None:
 
 # -- invariants ----------------------------------------------------------------------------------
 
+
 @st.composite
 def archives(draw: st.DrawFn) -> list[Buffer]:
     """Random multi-origin buffer sets with chunks, gaps, idle markers and ingest times."""
@@ -218,13 +242,26 @@ def archives(draw: st.DrawFn) -> list[Buffer]:
             for chunk in range(1, chunks + 1):
                 wm += draw(st.integers(0, 20))
                 watermark = draw(st.one_of(st.none(), st.just(wm)))
-                buffers.append(buf(origin, seq, chunk, last=chunk == chunks, wm=watermark,
-                                   ingest=draw(st.integers(0, 200)), idle=draw(st.integers(0, 9)) == 0))
+                buffers.append(
+                    buf(
+                        origin,
+                        seq,
+                        chunk,
+                        last=chunk == chunks,
+                        wm=watermark,
+                        ingest=draw(st.integers(0, 200)),
+                        idle=draw(st.integers(0, 9)) == 0,
+                    )
+                )
     return buffers
 
 
-@given(archives(), st.sampled_from(["origin", "arrival"]), st.sampled_from(["wait", "skip"]),
-       st.one_of(st.none(), st.integers(1, 80)))
+@given(
+    archives(),
+    st.sampled_from(["origin", "arrival"]),
+    st.sampled_from(["wait", "skip"]),
+    st.one_of(st.none(), st.integers(1, 80)),
+)
 def test_global_watermark_never_decreases(buffers: list[Buffer], mode: str, gap: str, timeout: int | None) -> None:
     origins = tuple(sorted({b.origin for b in buffers}))
     eng = engine(mode, origins=origins, gap_policy=gap, idle_timeout=timeout)
@@ -250,7 +287,7 @@ def test_origin_mode_is_order_and_batch_independent(buffers: list[Buffer], gap: 
         eng = engine("origin", origins=origins, gap_policy=gap)
         decisions = []
         for start in range(0, len(order), batch):
-            decisions += eng.feed(order[start:start + batch])
+            decisions += eng.feed(order[start : start + batch])
         decisions += eng.finish()
         return eng.snapshot(), sorted((d.origin, d.sequence, d.chunk, d.thresholds) for d in decisions)
 

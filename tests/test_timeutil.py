@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -11,8 +11,16 @@ from replay.timeutil import NEG_INF, format_duration, format_ts, minus, parse_du
 
 @pytest.mark.parametrize(
     ("text", "micros"),
-    [("60s", 60_000_000), ("5m", 300_000_000), ("250ms", 250_000), ("1h", 3_600_000_000), ("2d", 172_800_000_000),
-     ("10us", 10), ("0s", 0), (timedelta(seconds=1, microseconds=5), 1_000_005)],
+    [
+        ("60s", 60_000_000),
+        ("5m", 300_000_000),
+        ("250ms", 250_000),
+        ("1h", 3_600_000_000),
+        ("2d", 172_800_000_000),
+        ("10us", 10),
+        ("0s", 0),
+        (timedelta(seconds=1, microseconds=5), 1_000_005),
+    ],
 )
 def test_parse_duration(text: str, micros: int) -> None:
     assert parse_duration(text) == micros
@@ -32,7 +40,7 @@ def test_format_duration_round_trips(micros: int) -> None:
 def test_timestamps() -> None:
     assert parse_timestamp("1970-01-01T00:00:01Z") == 1_000_000
     assert parse_timestamp("1970-01-01T01:00:00+01:00") == 0
-    assert parse_timestamp(datetime(1970, 1, 1, 0, 0, 0, 7, tzinfo=timezone.utc)) == 7
+    assert parse_timestamp(datetime(1970, 1, 1, 0, 0, 0, 7, tzinfo=UTC)) == 7
     assert format_ts(parse_timestamp("2026-01-01T00:01:00Z")) == "2026-01-01T00:01:00.000Z"
     assert format_ts(1) == "1970-01-01T00:00:00.000001Z"
     assert format_ts(-1_000) == "1969-12-31T23:59:59.999Z"

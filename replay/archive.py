@@ -238,52 +238,51 @@ def inspect_schema(
     """
     files = list(files) if files is not None else discover_files(config.archive)
     cols = config.columns
-    first_schema: pa.Schema | None = None
-    first_file = ""
+    # The union of the files' columns, each with the first file that has it (for messages).
+    merged: dict[str, tuple[pa.Field, str]] = {}
     for index, path in enumerate(files):
         schema = _read_schema(path)
-        if first_schema is None:
-            first_schema, first_file = schema, path
-        else:
-            for name in schema.names:
-                if name in first_schema.names and not schema.field(name).type.equals(first_schema.field(name).type):
-                    raise ArchiveSchemaError(
-                        f"column '{name}' is {schema.field(name).type} here but {first_schema.field(name).type} "
-                        f"in {first_file}",
-                        where=Location(file=path, column=name),
-                        todo="rewrite the odd file with the archive's type for this column",
-                        code="archive.type_mismatch",
-                    )
+        for field in schema:
+            seen = merged.setdefault(field.name, (field, path))
+            if not field.type.equals(seen[0].type):
+                raise ArchiveSchemaError(
+                    f"column '{field.name}' is {field.type} here but {seen[0].type} in {seen[1]}",
+                    where=Location(file=path, column=field.name),
+                    todo="rewrite the odd file with the archive's type for this column",
+                    code="archive.type_mismatch",
+                )
         names = schema.names
         for role in ("origin_id", "sequence_number", "chunk_number", "last_chunk", "event_time", "key"):
             if cols.resolve(role) not in names:
                 raise _missing_error(path, cols.resolve(role), role, names)
         if on_file is not None:
             on_file(index + 1, len(files))
-    assert first_schema is not None
-    schema = first_schema
-    path = first_file
+    schema = pa.schema([field for field, _ in merged.values()])
+    path = files[0]
+
+    def file_of(column: str) -> str:
+        return merged[column][1] if column in merged else path
 
     for role in ("origin_id", "sequence_number", "chunk_number"):
         field = schema.field(cols.resolve(role))
         if not pa.types.is_integer(field.type):
-            raise _type_error(path, field.name, role, field.type, "an integer type (int64)")
+            raise _type_error(file_of(field.name), field.name, role, field.type, "an integer type (int64)")
     for role in ("last_chunk", "idle"):
         name = cols.resolve(role)
         if name in schema.names and not pa.types.is_boolean(schema.field(name).type):
-            raise _type_error(path, name, role, schema.field(name).type, "bool")
+            raise _type_error(file_of(name), name, role, schema.field(name).type, "bool")
     key_field = schema.field(cols.resolve("key"))
     if pa.types.is_integer(key_field.type):
         key_type = "int64"
     elif pa.types.is_string(key_field.type) or pa.types.is_large_string(key_field.type):
         key_type = "string"
     else:
-        raise _type_error(path, key_field.name, "key", key_field.type, "string or int64")
+        raise _type_error(file_of(key_field.name), key_field.name, "key", key_field.type, "string or int64")
 
     time_columns: dict[str, str] = {}
     ingest = cols.resolve("ingest_ts") if cols.resolve("ingest_ts") in schema.names else None
     if ingest is not None:
-        time_columns[ingest] = _check_time(path, schema, ingest, "ingest_ts", config.time_unit)
+        time_columns[ingest] = _check_time(file_of(ingest), schema, ingest, "ingest_ts", config.time_unit)
 
     keys = []
     for name, spec in config.watermark_keys.items():
@@ -295,7 +294,7 @@ def inspect_schema(
                 todo=f"name one of the archive's columns {sorted(schema.names)}",
                 code="config.unknown_column",
             )
-        time_columns[event] = _check_time(path, schema, event, f"event time of key {name}", config.time_unit)
+        time_columns[event] = _check_time(file_of(event), schema, event, f"event time of key {name}", config.time_unit)
         watermark: str | None
         if config.watermarks is None:
             candidate = cols.resolve("watermark_ts")
@@ -310,7 +309,9 @@ def inspect_schema(
                     code="config.unknown_column",
                 )
         if watermark is not None:
-            time_columns[watermark] = _check_time(path, schema, watermark, f"watermark of key {name}", config.time_unit)
+            time_columns[watermark] = _check_time(
+                file_of(watermark), schema, watermark, f"watermark of key {name}", config.time_unit
+            )
         keys.append(
             ResolvedKey(name=name, event_time=event, watermark=watermark, allowed_lateness=spec.allowed_lateness)
         )

@@ -118,7 +118,9 @@ def read_rows(spark: SparkSession, layout: ArchiveLayout) -> DataFrame:
 
     if "ns" in layout.time_columns.values():
         spark.conf.set("spark.sql.legacy.parquet.nanosAsLong", "true")
-    df = spark.read.parquet(*layout.files)
+    # Files may differ in optional columns: merge the footers' schemas (types were checked to agree),
+    # so that a column one file lacks reads as null instead of vanishing from the others.
+    df = spark.read.option("mergeSchema", "true").parquet(*layout.files)
     return df.select("*", F.col("_metadata.file_path").alias("_file"), F.col("_metadata.row_index").alias("_row"))
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from replay.archive import ArchiveLayout, inspect_schema, resolve_lateness
 from replay.buffers import Buffer, BufferScan, scan_buffers
-from replay.progress import KeySettings, ProgressEngine, ProgressSnapshot, arrival_order
+from replay.progress import Decision, KeySettings, ProgressEngine, ProgressSnapshot, arrival_order
 from replay.timeutil import format_duration, format_ts
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from replay.config import JobConfig
 
-__all__ = ["InspectReport", "engine_for", "inspect_archive", "participants_of"]
+__all__ = ["InspectReport", "engine_for", "inspect_archive", "participants_of", "track_progress"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -197,10 +197,18 @@ def inspect_archive(
     step("buffers", 0, 1)
     scan = scan_buffers(session, layout, config, strict=False)
     step("buffers", 1, 1)
-    engine = engine_for(config, layout, lateness, scan.buffers, strict=False)
-    ordered = arrival_order(scan.buffers) if lateness == "arrival" else sorted(scan.buffers, key=lambda b: b.identity)
-    step("progress", 0, len(ordered))
-    engine.feed(ordered)
-    engine.finish()
-    step("progress", len(ordered), len(ordered))
-    return InspectReport(config=config, layout=layout, lateness=lateness, scan=scan, progress=engine.snapshot())
+    step("progress", 0, len(scan.buffers))
+    snapshot, _ = track_progress(config, layout, lateness, scan.buffers, strict=False)
+    step("progress", len(scan.buffers), len(scan.buffers))
+    return InspectReport(config=config, layout=layout, lateness=lateness, scan=scan, progress=snapshot)
+
+
+def track_progress(
+    config: JobConfig, layout: ArchiveLayout, lateness: str, buffers: Sequence[Buffer], *, strict: bool
+) -> tuple[ProgressSnapshot, list[Decision]]:
+    """One run over ``buffers`` in the mode's order: the final progress and every lateness decision."""
+    engine = engine_for(config, layout, lateness, buffers, strict=strict)
+    ordered = arrival_order(buffers) if lateness == "arrival" else sorted(buffers, key=lambda b: b.identity)
+    decisions = engine.feed(ordered)
+    decisions += engine.finish()
+    return engine.snapshot(), decisions

@@ -1,0 +1,147 @@
+"""Tiny Parquet archives for tests, written row by row.
+
+A row is a dict keyed by the default column names (SPEC section 1). Columns get
+their archive types (``ARCHIVE_TYPES``): required columns are always written,
+optional ones (``watermark_ts``, ``ingest_ts``, ``idle``, ``value``) only when at
+least one row mentions them, so an archive "without ingest_ts" is just rows that
+never set it. Timestamps may be given as int microseconds since the epoch or as
+aware ``datetime`` values; ``None`` is null.
+
+    rows = [
+        *buffer_rows(1, 1, watermark=10, ingest=1, events=[(5, "a", 1.0)]),
+        *buffer_rows(1, 2, watermark=20, ingest=2),          # a punctuation row
+    ]
+    write_archive(tmp_path, rows)                            # tmp_path/part-00000.parquet
+
+``types`` overrides a column's type (``{"key": pa.string()}``, ``{"event_time":
+pa.int64()}`` for ``time_unit: ms`` archives, ``{"event_time": pa.timestamp("ns",
+tz="UTC")}``) or types an extra payload column. Extra columns not in ``types``
+are left to pyarrow's inference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Final
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from replay.timeutil import from_datetime
+
+__all__ = [
+    "ARCHIVE_TYPES",
+    "OMIT",
+    "OPTIONAL_COLUMNS",
+    "REQUIRED_COLUMNS",
+    "TIMESTAMP",
+    "archive_table",
+    "buffer_rows",
+    "write_archive",
+]
+
+#: The archive's timestamp type: microseconds, UTC.
+TIMESTAMP: Final = pa.timestamp("us", tz="UTC")
+
+#: Default column names and types, in the order they are written.
+ARCHIVE_TYPES: Final[Mapping[str, pa.DataType]] = {
+    "origin_id": pa.int64(),
+    "sequence_number": pa.int64(),
+    "chunk_number": pa.int32(),
+    "last_chunk": pa.bool_(),
+    "watermark_ts": TIMESTAMP,
+    "ingest_ts": TIMESTAMP,
+    "idle": pa.bool_(),
+    "event_time": TIMESTAMP,
+    "key": pa.int64(),
+    "value": pa.float64(),
+}
+REQUIRED_COLUMNS: Final = ("origin_id", "sequence_number", "chunk_number", "last_chunk", "event_time", "key")
+OPTIONAL_COLUMNS: Final = ("watermark_ts", "ingest_ts", "idle", "value")
+
+
+class _Omit:
+    """Marker for "leave this column out of the row" (``None`` writes a null)."""
+
+    def __repr__(self) -> str:
+        return "OMIT"
+
+
+OMIT: Final = _Omit()
+
+
+def _column(name: str, values: list[Any], kind: pa.DataType | None) -> pa.Array:
+    if kind is not None and pa.types.is_timestamp(kind):
+        micros = [from_datetime(v) if isinstance(v, datetime) else v for v in values]
+        # Built at microseconds, then cast: a value the target unit cannot hold exactly fails loudly.
+        return pa.array(micros, pa.int64()).cast(TIMESTAMP).cast(kind)
+    try:
+        return pa.array(values, kind)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise ValueError(f"column {name!r}: cannot build {kind or 'an inferred type'} from {values!r}") from exc
+
+
+def archive_table(rows: Sequence[Mapping[str, Any]], *, types: Mapping[str, pa.DataType] | None = None) -> pa.Table:
+    """An archive table from row dicts (see the module docstring for columns and types).
+
+    Columns: the required ones, the optional ones some row mentions, then any extra
+    column in order of first appearance. A row that lacks a column gets a null.
+    """
+    kinds = {**ARCHIVE_TYPES, **(types or {})}
+    mentioned = {name for row in rows for name in row}
+    names = [n for n in ARCHIVE_TYPES if n in REQUIRED_COLUMNS or n in mentioned]
+    names += [n for row in rows for n in row if n not in names and n not in ARCHIVE_TYPES]
+    names = list(dict.fromkeys(names))
+    arrays = [_column(n, [row.get(n) for row in rows], kinds.get(n)) for n in names]
+    return pa.Table.from_arrays(arrays, names=names)
+
+
+def buffer_rows(
+    origin: int,
+    sequence: int,
+    chunk: int = 1,
+    *,
+    last: bool = True,
+    watermark: Any = OMIT,
+    ingest: Any = OMIT,
+    idle: Any = OMIT,
+    events: Iterable[tuple[Any, ...] | Mapping[str, Any]] = (),
+) -> list[dict[str, Any]]:
+    """The rows of one buffer: one per event, or a single punctuation row when there are none.
+
+    An event is ``(event_time, key)``, ``(event_time, key, value)`` or a dict of columns.
+    ``watermark``, ``ingest`` and ``idle`` fill ``watermark_ts``, ``ingest_ts`` and ``idle``
+    on every row (``None`` writes a null; left as ``OMIT`` the row does not mention them).
+    """
+    meta: dict[str, Any] = {
+        "origin_id": origin,
+        "sequence_number": sequence,
+        "chunk_number": chunk,
+        "last_chunk": last,
+    }
+    for name, value in (("watermark_ts", watermark), ("ingest_ts", ingest), ("idle", idle)):
+        if value is not OMIT:
+            meta[name] = value
+    rows = []
+    for event in events:
+        if isinstance(event, Mapping):
+            rows.append({**meta, **event})
+        else:
+            rows.append({**meta, **dict(zip(("event_time", "key", "value"), event, strict=False))})
+    return rows or [{**meta, "event_time": None, "key": None}]
+
+
+def write_archive(
+    directory: str | Path,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    name: str = "part-00000.parquet",
+    types: Mapping[str, pa.DataType] | None = None,
+) -> Path:
+    """Write ``rows`` as one Parquet file ``directory/name`` (parents created); returns the file's path."""
+    path = Path(directory) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(archive_table(rows, types=types), path)
+    return path

@@ -1,0 +1,113 @@
+"""The ``replay`` command line: generate and inspect, exit codes, clean JSON on stdout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from replay.cli import app
+
+runner = CliRunner()
+GENERATE = [
+    "--origins",
+    "3",
+    "--tuples",
+    "3000",
+    "--buffer-tuples",
+    "50",
+    "--files",
+    "3",
+    "--gaps",
+    "2",
+    "--duplicates",
+    "2",
+    "--multi-chunk-fraction",
+    "0.3",
+    "--late-fraction",
+    "0.02",
+    "--seed",
+    "7",
+]
+
+
+def replay(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The installed entry point, as a user runs it (its own JVM)."""
+    return subprocess.run(
+        [sys.executable, "-m", "replay.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=os.environ | {"PYTHONUNBUFFERED": "1"},
+        timeout=300,
+    )
+
+
+@pytest.mark.spark
+def test_generate_then_inspect_reports_what_was_injected(tmp_path: Path, spark: Any) -> None:
+    archive = tmp_path / "archive"
+    result = runner.invoke(app, ["generate", str(archive), *GENERATE])
+    assert result.exit_code == 0, result.output
+    assert "gaps 2, duplicates 2" in result.output
+    result = runner.invoke(app, ["inspect", str(archive), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["lateness"] == "arrival" and data["files"] == 3
+    assert len(data["integrity"]["gaps"]) == 2
+    assert len(data["integrity"]["duplicates"]) == 2 and data["integrity"]["conflicts"] == []
+    assert {row["origin_id"] for row in data["origins"]} == {1, 2, 3}
+    gapped = {g["origin_id"] for g in data["integrity"]["gaps"]}
+    for row in data["origins"]:
+        assert (row["pending_buffers"] > 0) == (row["origin_id"] in gapped)
+    table = runner.invoke(app, ["inspect", str(archive)])
+    assert table.exit_code == 0 and "Progress per origin and key" in table.stdout
+
+
+@pytest.mark.spark
+def test_inspect_exits_1_on_findings_that_would_stop_a_run(tmp_path: Path, spark: Any) -> None:
+    archive = tmp_path / "archive"
+    assert runner.invoke(app, ["generate", str(archive), "--conflicts", "1", "--tuples", "500"]).exit_code == 0
+    result = runner.invoke(app, ["inspect", str(archive), "--json"])
+    assert result.exit_code == 1
+    assert len(json.loads(result.stdout)["integrity"]["conflicts"]) == 1
+    assert "on_conflict: keep_first" in result.stderr
+    job = tmp_path / "job.yaml"
+    job.write_text(f"archive: {archive}\non_conflict: keep_first\n")
+    assert runner.invoke(app, ["inspect", "--config", str(job), "--json"]).exit_code == 0
+
+
+def test_usage_and_configuration_errors_exit_2(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("archive: x\nwindows: [{name: w, size: 0s, aggregations: [{fn: count}]}]\n")
+    result = runner.invoke(app, ["inspect", "--config", str(job)])
+    assert result.exit_code == 2
+    assert "window size must be positive" in result.stderr and str(job) in result.stderr
+    assert runner.invoke(app, ["inspect"]).exit_code == 2
+    assert runner.invoke(app, ["generate", str(tmp_path / "g"), "--origins", "0"]).exit_code == 2
+    assert runner.invoke(app, ["generate"]).exit_code == 2
+
+
+def test_data_errors_exit_1_with_the_message_on_stderr(tmp_path: Path) -> None:
+    (tmp_path / "archive").mkdir()
+    (tmp_path / "archive" / "part-0.parquet").write_bytes(b"PAR1 not really")
+    result = runner.invoke(app, ["inspect", str(tmp_path / "archive")])
+    assert result.exit_code == 1
+    assert "part-0.parquet" in result.stderr and "What to do" in result.stderr
+
+
+@pytest.mark.slow
+def test_entry_point_json_is_pure(tmp_path: Path) -> None:
+    """In its own process, with its own JVM: stdout holds the JSON document and nothing else."""
+    archive = tmp_path / "archive"
+    assert replay("generate", str(archive), "--tuples", "400", "--no-ingest-ts").returncode == 0
+    result = replay("inspect", str(archive), "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["lateness"] == "origin" and data["tuples_read"] == 400
+    assert "INFO" in result.stderr  # progress goes to stderr as log lines when not on a terminal

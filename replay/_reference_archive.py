@@ -127,8 +127,8 @@ def _read_copies(files: Sequence[Path], *, config: JobConfig, time_columns: set[
     # A column that a file lacks reads as null there, as Spark reads it with merged schemas.
     for index, copy in enumerate(copies):
         if any(len(row) < len(column_order) for row in copy.rows):
-            rows = tuple({name: row.get(name) for name in column_order} for row in copy.rows)
-            copies[index] = dataclasses.replace(copy, rows=rows)
+            filled = tuple({name: row.get(name) for name in column_order} for row in copy.rows)
+            copies[index] = dataclasses.replace(copy, rows=filled)
     return column_order, copies
 
 

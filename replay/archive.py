@@ -112,7 +112,7 @@ def discover_files(archive: str) -> list[str]:
     """
     local = local_path(archive)
     if local is not None:
-        root = Path(local)
+        root = Path(local).absolute()  # Spark resolves relative paths against its own working directory
         if not root.exists():
             raise ArchiveReadError(
                 "the archive does not exist",
@@ -181,7 +181,7 @@ def _read_schema(path: str) -> pa.Schema:
 
 def _time_kind(field: pa.Field, *, time_unit: str) -> str | None:
     if pa.types.is_timestamp(field.type):
-        return field.type.unit
+        return str(field.type.unit)
     if time_unit == "ms" and pa.types.is_integer(field.type):
         return "epoch_ms"
     return None

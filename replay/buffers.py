@@ -167,7 +167,8 @@ def _copies_frame(df: DataFrame, layout: ArchiveLayout, group_extra: list[str]) 
 
 
 def _collect(frame: DataFrame) -> list[dict[str, Any]]:
-    return frame.toArrow().to_pylist()
+    rows: list[dict[str, Any]] = frame.toArrow().to_pylist()
+    return rows
 
 
 def _runs_frame(df: DataFrame, layout: ArchiveLayout, scattered: list[dict[str, Any]]) -> DataFrame:

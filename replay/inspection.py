@@ -185,7 +185,7 @@ def inspect_archive(
     Raises:
         ReplayError: unreadable files, schema errors, malformed buffers (SPEC section 10).
     """
-    from replay.spark import get_session
+    from replay.spark import get_session, job_progress
 
     def step(name: str, done: int, total: int) -> None:
         if on_step is not None:
@@ -194,9 +194,8 @@ def inspect_archive(
     layout = inspect_schema(config, on_file=lambda done, total: step("footers", done, total))
     lateness = resolve_lateness(config, layout)
     session = spark or get_session(config.spark)
-    step("buffers", 0, 1)
-    scan = scan_buffers(session, layout, config, strict=False)
-    step("buffers", 1, 1)
+    with job_progress(session, lambda done, total: step("buffers", done, total)):
+        scan = scan_buffers(session, layout, config, strict=False)
     step("progress", 0, len(scan.buffers))
     snapshot, _ = track_progress(config, layout, lateness, scan.buffers, strict=False)
     step("progress", len(scan.buffers), len(scan.buffers))

@@ -14,7 +14,7 @@ after batch; ``finish`` ends a run (``gap_policy: skip`` acts there).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -179,7 +179,7 @@ class ProgressEngine:
         *,
         keys: Sequence[KeySettings],
         mode: str,
-        participants: dict[str, Iterable[int]],
+        participants: Mapping[str, Iterable[int]],
         expected_origins: Iterable[int] = (),
         chunk_base: int = 1,
         gap_policy: str = "wait",
@@ -322,7 +322,7 @@ class ProgressEngine:
         clamped: list[Regression] = []
         for index, key in enumerate(self.keys):
             previous = state.wm[index]
-            candidates = [b.watermarks[index] for b in chunks.values() if b.watermarks[index] is not None]
+            candidates = [w for b in chunks.values() if (w := b.watermarks[index]) is not None]
             if not candidates:
                 continue
             value = max(candidates)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from replay.errors import ConfigError, Location
@@ -18,7 +21,7 @@ if TYPE_CHECKING:
 
     from replay.config import SparkSettings
 
-__all__ = ["check_java", "get_session"]
+__all__ = ["check_java", "get_session", "job_progress"]
 
 _DEFAULTS = {
     "spark.sql.session.timeZone": "UTC",
@@ -79,3 +82,38 @@ def get_session(settings: SparkSettings | None = None, *, app_name: str = "repla
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+@contextmanager
+def job_progress(
+    session: SparkSession, report: Callable[[int, int], None] | None, *, interval: float = 0.5
+) -> Iterator[None]:
+    """While the block runs, report (finished tasks, known tasks) of the session's active stages.
+
+    Polls Spark's status tracker from a daemon thread; no-op when ``report`` is ``None``.
+    """
+    if report is None:
+        yield
+        return
+    tracker = session.sparkContext.statusTracker()
+    stop = threading.Event()
+    seen: dict[int, tuple[int, int]] = {}
+
+    def poll() -> None:
+        while not stop.wait(interval):
+            for stage_id in tracker.getActiveStageIds():
+                info = tracker.getStageInfo(stage_id)
+                if info is not None:
+                    seen[stage_id] = (info.numCompletedTasks, info.numTasks)
+            done = sum(d for d, _ in seen.values())
+            total = sum(t for _, t in seen.values())
+            if total:
+                report(done, total)
+
+    thread = threading.Thread(target=poll, name="replay-spark-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

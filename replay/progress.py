@@ -233,7 +233,7 @@ class ProgressEngine:
                     raise ValueError("arrival mode needs buffers in arrival order; sort them with arrival_order()")
                 if self._first_ingest is None:
                     self._first_ingest = buf.ingest
-                decisions.append(self._decide_global(buf))
+                decisions.append(self._decide(buf, self.global_wm, BEHIND_GLOBAL))
             self._apply(buf, decisions)
             if self.mode == "arrival":
                 self._clock = buf.ingest
@@ -269,24 +269,15 @@ class ProgressEngine:
             state = self._origins[origin] = _Origin(origin, len(self.keys))
         return state
 
-    def _decide_global(self, buf: Buffer) -> Decision:
-        thresholds = tuple(minus(g, k.allowed_lateness) for g, k in zip(self.global_wm, self.keys, strict=True))
+    def _decide(self, buf: Buffer, watermarks: Sequence[int], reason: str) -> Decision:
+        """Thresholds ``watermark - allowed_lateness`` per key: ``G_k`` (arrival) or ``W_k(o, s - 1)`` (origin)."""
+        thresholds = tuple(minus(w, k.allowed_lateness) for w, k in zip(watermarks, self.keys, strict=True))
         return Decision(
             origin=buf.origin,
             sequence=buf.sequence,
             chunk=buf.chunk,
             thresholds=thresholds,
-            reasons=(BEHIND_GLOBAL,) * len(self.keys),
-        )
-
-    def _decide_origin(self, state: _Origin, buf: Buffer) -> Decision:
-        thresholds = tuple(minus(w, k.allowed_lateness) for w, k in zip(state.wm, self.keys, strict=True))
-        return Decision(
-            origin=buf.origin,
-            sequence=buf.sequence,
-            chunk=buf.chunk,
-            thresholds=thresholds,
-            reasons=(BEHIND_ORIGIN,) * len(self.keys),
+            reasons=(reason,) * len(self.keys),
         )
 
     def _apply(self, buf: Buffer, decisions: list[Decision]) -> None:
@@ -308,7 +299,7 @@ class ProgressEngine:
             state.last_ingest = buf.ingest
             state.idle_marker = buf.idle
         elif seq == state.prefix + 1 and state.blocked is None:
-            decisions.append(self._decide_origin(state, buf))
+            decisions.append(self._decide(buf, state.wm, BEHIND_ORIGIN))
         while state.blocked is None and self._complete(state, state.prefix + 1):
             self._enter(state, state.prefix + 1, decisions, closed=False)
 
@@ -367,7 +358,7 @@ class ProgressEngine:
         state.wm = new_wm
         if self.mode == "origin":
             for buf in sorted(state.pending.get(seq + 1, {}).values(), key=lambda b: b.chunk):
-                decisions.append(self._decide_origin(state, buf))
+                decisions.append(self._decide(buf, state.wm, BEHIND_ORIGIN))
 
     def _idle(self, state: _Origin) -> bool:
         if self.mode != "arrival":

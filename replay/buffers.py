@@ -366,8 +366,12 @@ def scan_buffers(
             where=Location(file=layout.root),
             todo="point 'archive' at the directory the archiver writes to, or wait until it has written data",
         )
+    display: dict[str, str] = {}
     for rec in records:
-        rec["_file"] = _display_path(rec["_file"], layout)
+        path = rec["_file"]
+        if path not in display:
+            display[path] = _display_path(path, layout)
+        rec["_file"] = display[path]
         _check_copy(rec, layout, config.chunk_base)
     copies: dict[tuple[int, int, int], list[Buffer]] = defaultdict(list)
     rows_read = tuples_read = 0

@@ -38,6 +38,8 @@ __all__ = [
     "arrival_order",
 ]
 
+_NEVER = 2**63  # beyond every timestamp
+
 BEHIND_ORIGIN = "behind_origin_watermark"
 BEHIND_GLOBAL = "behind_global_watermark"
 
@@ -203,6 +205,7 @@ class ProgressEngine:
         self._window: list[tuple[int, int] | None] = [None for _ in self.keys]
         self._origins: dict[int, _Origin] = {}
         self._clock: int | None = None
+        self._deadline = _NEVER  # arrival mode: the clock at which the next idle timeout fires
         self._first_ingest: int | None = None
         self.regressions: list[Regression] = []
         self.skipped: list[Skipped] = []
@@ -234,10 +237,18 @@ class ProgressEngine:
                 if self._first_ingest is None:
                     self._first_ingest = buf.ingest
                 decisions.append(self._decide(buf, self.global_wm, BEHIND_GLOBAL))
-            self._apply(buf, decisions)
-            if self.mode == "arrival":
+                before = self._origins.get(buf.origin)
+                # G's inputs change only when this origin's prefix moves, its idleness may change
+                # (it was idle, is seen for the first time, or sends an idle marker), or the clock
+                # passes an idle deadline; otherwise G stays (coalescing is idempotent).
+                moved = before is None or before.last_ingest is None or buf.idle or self._idle(before)
+                prefix = before.prefix if before is not None else 0
+                self._apply(buf, decisions)
                 self._clock = buf.ingest
-                self._coalesce()
+                if moved or self._origins[buf.origin].prefix != prefix or self._clock >= self._deadline:
+                    self._coalesce()
+            else:
+                self._apply(buf, decisions)
         if self.mode == "origin":
             self._coalesce()
         return decisions
@@ -374,13 +385,24 @@ class ProgressEngine:
         return self._clock - state.last_ingest >= self.idle_timeout
 
     def _coalesce(self) -> None:
+        idle = {o: self._idle(state) for o, state in self._origins.items()}
+        if self.mode == "arrival" and self.idle_timeout is not None:
+            # The earliest clock at which a silent origin times out (unseen ones count from the
+            # first ingest_ts; expected ones that sent nothing never do).
+            starts = [
+                s.last_ingest if s.last_ingest is not None else self._first_ingest
+                for o, s in self._origins.items()
+                if not idle[o] and (s.last_ingest is not None or o not in self.expected)
+            ]
+            known = [t for t in starts if t is not None]
+            self._deadline = min(known) + self.idle_timeout if known else _NEVER
         for index, origins in enumerate(self.participants):
             previous = self.global_wm[index]
             if not origins:
                 self._counted[index], self._window[index] = (), None
                 continue
             local = {o: self._origins[o].wm[index] for o in origins}
-            active = [o for o in origins if not self._idle(self._origins[o])]
+            active = [o for o in origins if not idle[o]]
             if not active:
                 counted = sorted(origins)
                 candidate = max(local.values())

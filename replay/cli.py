@@ -28,6 +28,23 @@ app = typer.Typer(
 log = logging.getLogger("replay")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"replay {version('replay')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Replay archived stream buffers through PySpark: progress, watermarks and windows."""
+
+
 def _fail(error: ReplayError) -> typer.Exit:
     typer.echo(f"replay: error: {error.message}", err=True)
     return typer.Exit(error.exit_code)

@@ -111,3 +111,8 @@ def test_entry_point_json_is_pure(tmp_path: Path) -> None:
     data = json.loads(result.stdout)
     assert data["lateness"] == "origin" and data["tuples_read"] == 400
     assert "INFO" in result.stderr  # progress goes to stderr as log lines when not on a terminal
+
+
+def test_version() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.stdout.startswith("replay 0.")

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from replay import errors
 from replay.archive import discover_files, inspect_schema, resolve_lateness
 from replay.buffers import scan_buffers
 from replay.config import parse_config
@@ -222,13 +223,9 @@ def test_identical_duplicates_are_counted_and_first_arrival_kept(tmp_path: Path,
     assert result.tuples_read == 7 and sum(d.tuples for d in result.duplicates) == 4
 
 
-def test_every_error_is_a_replay_error() -> None:
-    for cls in (
-        ArchiveReadError,
-        ArchiveSchemaError,
-        BadBufferError,
-        ConfigError,
-        ConflictingDuplicateError,
-        EmptyArchiveError,
-    ):
-        assert issubclass(cls, ReplayError)
+def test_every_error_class_is_a_replay_error_with_its_own_code() -> None:
+    classes = [getattr(errors, name) for name in errors.__all__ if isinstance(getattr(errors, name), type)]
+    exceptions = [c for c in classes if issubclass(c, Exception)]
+    assert exceptions and all(issubclass(c, ReplayError) for c in exceptions)
+    codes = [c.code for c in exceptions]
+    assert len(set(codes)) == len(codes)

@@ -12,6 +12,7 @@ import shutil
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from replay.errors import ConfigError, Location
@@ -75,6 +76,8 @@ def get_session(settings: SparkSettings | None = None, *, app_name: str = "repla
     builder = SparkSession.builder.appName(app_name)
     builder = builder.master(master)
     conf = dict(_DEFAULTS)
+    log_config = Path(__file__).with_name("log4j2.properties")
+    conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={log_config.as_uri()}"
     if settings is not None:
         conf.update(settings.conf)
     for key, value in conf.items():

@@ -194,7 +194,9 @@ def inspect_archive(
     layout = inspect_schema(config, on_file=lambda done, total: step("footers", done, total))
     lateness = resolve_lateness(config, layout)
     session = spark or get_session(config.spark)
-    with job_progress(session, lambda done, total: step("buffers", done, total)):
+    # No poller thread unless someone listens.
+    spark_steps = (lambda done, total: step("buffers", done, total)) if on_step is not None else None
+    with job_progress(session, spark_steps):
         scan = scan_buffers(session, layout, config, strict=False)
     step("progress", 0, len(scan.buffers))
     snapshot, _ = track_progress(config, layout, lateness, scan.buffers, strict=False)

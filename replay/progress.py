@@ -415,13 +415,6 @@ class ProgressEngine:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def add_participants(self, key: str, origins: Iterable[int]) -> None:
-        """Origins that join key ``key`` (first seen in a later incremental run)."""
-        index = next(i for i, k in enumerate(self.keys) if k.name == key)
-        for origin in origins:
-            self.participants[index].add(origin)
-            self._state(origin)
-
     def snapshot(self) -> ProgressSnapshot:
         """The current progress as immutable values."""
         rows = []

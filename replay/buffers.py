@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from replay.archive import ArchiveLayout, local_path
@@ -95,6 +95,7 @@ class BufferScan:
     conflicts: tuple[Conflict, ...]
     rows_read: int
     tuples_read: int
+    spark_paths: dict[str, str] = field(default_factory=dict)  # Buffer.file -> the path Spark reports
 
 
 def time_micros(df: DataFrame, column: str, kind: str) -> Column:
@@ -434,4 +435,5 @@ def scan_buffers(
         conflicts=tuple(conflicts),
         rows_read=rows_read,
         tuples_read=tuples_read,
+        spark_paths={shown: spark_path for spark_path, shown in display.items()},
     )

@@ -19,10 +19,14 @@ __all__ = [
     "ArchiveReadError",
     "ArchiveSchemaError",
     "BadBufferError",
+    "CheckpointStateError",
+    "ConcurrentWriterError",
     "ConfigError",
     "ConflictingDuplicateError",
     "DataError",
     "EmptyArchiveError",
+    "IncompatibleCheckpointError",
+    "LedgerError",
     "Location",
     "ReplayError",
     "WatermarkRegressionError",
@@ -166,3 +170,28 @@ class WatermarkRegressionError(DataError):
     """A sequence watermark is below its predecessor's under ``watermark_regression: fail``."""
 
     code = "progress.watermark_regression"
+
+
+class IncompatibleCheckpointError(ConfigError):
+    """The checkpoint was written by a job whose results would differ from this one's."""
+
+    code = "checkpoint.incompatible"
+
+
+class ConcurrentWriterError(ReplayError):
+    """Another live process holds the checkpoint's single-writer lock."""
+
+    code = "checkpoint.locked"
+    exit_code = 1
+
+
+class CheckpointStateError(DataError):
+    """The checkpoint's persisted state is unreadable or inconsistent with the archive."""
+
+    code = "checkpoint.state"
+
+
+class LedgerError(DataError):
+    """A batch's ledger does not balance: a buffer or a tuple was lost or counted twice."""
+
+    code = "ledger.mismatch"

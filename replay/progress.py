@@ -213,6 +213,11 @@ class ProgressEngine:
             for origin in origins:
                 self._state(origin)
 
+    @property
+    def clock(self) -> int | None:
+        """Arrival mode: the ``ingest_ts`` of the latest buffer fed (``None`` before the first)."""
+        return self._clock
+
     # -- feeding -----------------------------------------------------------------------------
 
     def feed(self, buffers: Iterable[Buffer]) -> list[Decision]:
@@ -253,6 +258,22 @@ class ProgressEngine:
             self._coalesce()
         return decisions
 
+    def join(self, participants: Mapping[str, Iterable[int]]) -> None:
+        """Add origins that take part from now on (an incremental run that sees them first).
+
+        A newcomer counts as minus infinity, below ``G_k``, so it is left out of the minimum
+        until it catches up (SPEC section 2); ``G_k`` is recomputed.
+        """
+        added = False
+        for index, key in enumerate(self.keys):
+            for origin in participants.get(key.name, ()):
+                if origin not in self.participants[index]:
+                    self.participants[index].add(origin)
+                    self._state(origin)
+                    added = True
+        if added:
+            self._coalesce()
+
     def finish(self) -> list[Decision]:
         """End the run: under ``gap_policy: skip`` close every missing or incomplete sequence
         below each origin's highest seen one (SPEC section 2), then recompute ``G_k``."""
@@ -281,14 +302,26 @@ class ProgressEngine:
         return state
 
     def _decide(self, buf: Buffer, watermarks: Sequence[int], reason: str) -> Decision:
-        """Thresholds ``watermark - allowed_lateness`` per key: ``G_k`` (arrival) or ``W_k(o, s - 1)`` (origin)."""
-        thresholds = tuple(minus(w, k.allowed_lateness) for w, k in zip(watermarks, self.keys, strict=True))
+        """Thresholds ``watermark - allowed_lateness`` per key: ``G_k`` (arrival) or ``W_k(o, s - 1)`` (origin).
+
+        In origin mode the threshold is never below ``G_k`` as it stood before this feed: for
+        an origin that counts in ``G_k`` that changes nothing (``W_k(o, s - 1) >= L_k(o) >= G_k``
+        for every buffer not yet decided), and for one left out (an origin that joined in a
+        later run) it keeps its tuples out of windows already emitted (docs/semantics.md).
+        """
+        marks = list(watermarks)
+        reasons = [reason] * len(self.keys)
+        if reason == BEHIND_ORIGIN:
+            for index, g in enumerate(self.global_wm):
+                if g > marks[index]:
+                    marks[index], reasons[index] = g, BEHIND_GLOBAL
+        thresholds = tuple(minus(w, k.allowed_lateness) for w, k in zip(marks, self.keys, strict=True))
         return Decision(
             origin=buf.origin,
             sequence=buf.sequence,
             chunk=buf.chunk,
             thresholds=thresholds,
-            reasons=(reason,) * len(self.keys),
+            reasons=tuple(reasons),
         )
 
     def _apply(self, buf: Buffer, decisions: list[Decision]) -> None:

@@ -1,0 +1,301 @@
+"""One micro-batch's tuple work in Spark: lateness, late rows, window partials, emission.
+
+The driver decides everything from buffer metadata (``replay.progress``): which
+buffer copies the batch reads and the lateness threshold of each one's tuples per
+key. This module turns that into Spark work over the archive's rows, without a
+Python UDF and without a tuple reaching the driver:
+
+- the batch's copies join the rows by (file, identity) and row range, so a
+  discarded duplicate copy is never read as data;
+- per key, a tuple is late (``event_time < threshold``), on time, or has no event
+  time for the key (or, in a backfill, one outside the range);
+- late tuples are written to the ``late`` table; on-time ones are reduced to
+  window partials and merged with the open windows carried from the previous batch;
+- windows whose end the effective watermark has reached are written to the
+  ``windows`` table, the others become the next open-window state.
+
+What comes back to the driver is small: per copy, its row and tuple counts and
+per-key late/on-time counts (which the ledger checks), and per window aggregation
+the number of windows emitted and kept open and the tuples they own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from replay.archive import ArchiveLayout
+from replay.buffers import Buffer, time_micros
+from replay.config import JobConfig, WindowSpec
+from replay.progress import Decision
+from replay.windows import WindowColumns, finalize, has_window, merge, output_columns, partials
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+__all__ = ["BatchWork", "CopyCounts", "SpecCounts", "WorkResult", "copy_id", "run_batch"]
+
+_MASK63 = (1 << 63) - 1
+
+
+def copy_id(origin: int, sequence: int, chunk: int, file: str, row_start: int) -> int:
+    """A 63-bit hash naming one copy of a buffer (the ledger XORs these)."""
+    digest = hashlib.blake2b(f"{origin}/{sequence}/{chunk}/{file}/{row_start}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & _MASK63
+
+
+def buffer_copy_id(buf: Buffer) -> int:
+    return copy_id(buf.origin, buf.sequence, buf.chunk, buf.file, buf.row_start)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchWork:
+    """What one batch must do in Spark.
+
+    ``reads``: the copies whose tuples are decided in this batch, with their decision.
+    ``effective``: ``E_k`` per key (layout order) after the batch; windows ending by it are emitted.
+    ``open_state``: per window name, the directory of the open windows carried in, or ``None``.
+    ``windows_dir``/``late_dir``: where this batch writes its rows; ``state_dirs``: per window
+    name, where it writes the open windows it carries out. ``range``: a backfill's
+    ``[start, end)`` in microseconds.
+    """
+
+    reads: Sequence[tuple[Buffer, Decision]]
+    effective: tuple[int, ...]
+    open_state: Mapping[str, str | None]
+    windows_dir: str
+    late_dir: str
+    state_dirs: Mapping[str, str]
+    range: tuple[int | None, int | None] = (None, None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CopyCounts:
+    """What Spark saw of one copy: rows, tuples, and per key late / on-time / outside-range tuples,
+    and per window aggregation the on-time tuples that fall in a produced window."""
+
+    rows: int
+    tuples: int
+    late: tuple[int, ...]
+    on_time: tuple[int, ...]
+    outside: tuple[int, ...]
+    windowed: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpecCounts:
+    """Windows of one aggregation after the batch: emitted now, still open, and the tuples they own."""
+
+    emitted: int = 0
+    emitted_owned: int = 0
+    open: int = 0
+    open_owned: int = 0
+    open_dir: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkResult:
+    copies: dict[int, CopyCounts] = field(default_factory=dict)
+    specs: dict[str, SpecCounts] = field(default_factory=dict)
+    windows_written: bool = False
+    late_written: bool = False
+
+
+def _decision_frame(spark: SparkSession, work: BatchWork, spark_paths: Mapping[str, str], nkeys: int) -> DataFrame:
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    fields = [
+        StructField("d_file", StringType(), False),
+        StructField("d_origin", LongType(), False),
+        StructField("d_sequence", LongType(), False),
+        StructField("d_chunk", LongType(), False),
+        StructField("d_lo", LongType(), False),
+        StructField("d_hi", LongType(), False),
+        StructField("d_cid", LongType(), False),
+    ]
+    for i in range(nkeys):
+        fields += [StructField(f"d_thr{i}", LongType(), False), StructField(f"d_reason{i}", StringType(), False)]
+    rows = []
+    for buf, decision in work.reads:
+        row: list[object] = [
+            spark_paths.get(buf.file, buf.file),
+            buf.origin,
+            buf.sequence,
+            buf.chunk,
+            buf.row_start,
+            buf.row_start + buf.rows - 1,
+            buffer_copy_id(buf),
+        ]
+        for i in range(nkeys):
+            row += [decision.thresholds[i], decision.reasons[i]]
+        rows.append(tuple(row))
+    return spark.createDataFrame(rows, StructType(fields))
+
+
+def _q(name: str) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.col(f"`{name}`")
+
+
+def run_batch(
+    spark: SparkSession,
+    *,
+    config: JobConfig,
+    layout: ArchiveLayout,
+    schema: StructType,
+    spark_paths: Mapping[str, str],
+    work: BatchWork,
+) -> WorkResult:
+    """Do one batch's tuple work in Spark (see the module docstring); return the small summary."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    # Readers outside Spark (pyarrow, the digest) expect standard UTC microsecond timestamps, not INT96.
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    nkeys = len(layout.keys)
+    key_index = {k.name: i for i, k in enumerate(layout.keys)}
+    specs: list[WindowSpec] = list(config.windows)
+    agg_types = {name: schema[name].dataType for spec in specs for a in spec.aggregations if (name := a.column)}
+    columns = output_columns(specs, agg_types)
+    range_start, range_end = work.range
+
+    def cols_for(spec: WindowSpec) -> WindowColumns:
+        return WindowColumns(
+            event_micros=f"_ev{key_index[spec.wm_key]}",
+            key=layout.key,
+            types=agg_types,
+            range_start=range_start,
+            range_end=range_end,
+        )
+
+    result_copies: dict[int, CopyCounts] = {}
+    joined: DataFrame | None = None
+    late_written = False
+    if work.reads:
+        files = sorted({spark_paths.get(buf.file, buf.file) for buf, _ in work.reads})
+        raw = spark.read.schema(schema).parquet(*files)
+        rows = raw.select("*", F.col("_metadata.file_path").alias("_file"), F.col("_metadata.row_index").alias("_row"))
+        decisions = _decision_frame(spark, work, spark_paths, nkeys)
+        joined = rows.join(
+            F.broadcast(decisions),
+            (F.col("_file") == F.col("d_file"))
+            & (_q(layout.origin_id).cast("long") == F.col("d_origin"))
+            & (_q(layout.sequence_number).cast("long") == F.col("d_sequence"))
+            & (_q(layout.chunk_number).cast("long") == F.col("d_chunk")),
+        ).where(F.col("_row").between(F.col("d_lo"), F.col("d_hi")))
+        punctuation = _q(layout.key).isNull()
+        for i, key in enumerate(layout.keys):
+            joined = joined.withColumn(f"_ev{i}", time_micros(raw, key.event_time, layout.time_columns[key.event_time]))
+            punctuation = punctuation & F.col(f"_ev{i}").isNull()
+        flags: list[Column] = []
+        for i in range(nkeys):
+            ev = F.col(f"_ev{i}")
+            inside = ev.isNotNull()
+            if range_start is not None:
+                inside = inside & (ev >= F.lit(range_start))
+            if range_end is not None:
+                inside = inside & (ev < F.lit(range_end))
+            flags += [
+                (inside & (ev < F.col(f"d_thr{i}"))).alias(f"_late{i}"),
+                (inside & (ev >= F.col(f"d_thr{i}"))).alias(f"_on{i}"),
+                (ev.isNotNull() & ~inside).alias(f"_out{i}"),
+            ]
+        joined = joined.select("*", (~punctuation).alias("_tuple"), *flags)
+        joined = joined.persist(StorageLevel.MEMORY_AND_DISK)
+
+        def as_int(flag: Column) -> Column:
+            return F.sum(F.when(flag, 1).otherwise(0)).cast("long")
+
+        summary = [F.count(F.lit(1)).alias("rows"), as_int(F.col("_tuple")).alias("tuples")]
+        for i in range(nkeys):
+            summary += [as_int(F.col(f"_{name}{i}")).alias(f"{name}{i}") for name in ("late", "on", "out")]
+        for s, spec in enumerate(specs):
+            i = key_index[spec.wm_key]
+            windowed = F.col(f"_on{i}") & has_window(F.col(f"_ev{i}"), spec, cols_for(spec))
+            summary.append(as_int(windowed).alias(f"win{s}"))
+        for rec in joined.groupBy("d_cid").agg(*summary).collect():
+            result_copies[rec["d_cid"]] = CopyCounts(
+                rows=rec["rows"],
+                tuples=rec["tuples"],
+                late=tuple(rec[f"late{i}"] for i in range(nkeys)),
+                on_time=tuple(rec[f"on{i}"] for i in range(nkeys)),
+                outside=tuple(rec[f"out{i}"] for i in range(nkeys)),
+                windowed=tuple(rec[f"win{s}"] for s in range(len(specs))),
+            )
+
+        if any(sum(c.late) for c in result_copies.values()):
+            late_frames = []
+            for i, key in enumerate(layout.keys):
+                late_frames.append(
+                    joined.where(F.col(f"_late{i}")).select(
+                        F.lit(key.name).alias("wm_key"),
+                        _q(layout.origin_id).cast("long").alias("origin_id"),
+                        _q(layout.sequence_number).cast("long").alias("sequence_number"),
+                        _q(layout.chunk_number).cast("long").alias("chunk_number"),
+                        *[_q(name) for name in layout.payload],
+                        F.timestamp_micros(F.col(f"d_thr{i}")).alias("violated_watermark"),
+                        F.col(f"d_reason{i}").alias("reason"),
+                    )
+                )
+            late = late_frames[0]
+            for frame in late_frames[1:]:
+                late = late.unionByName(frame)
+            late.write.parquet(work.late_dir)
+            late_written = True
+
+    spec_counts: dict[str, SpecCounts] = {}
+    emitted_frames: list[DataFrame] = []
+    persisted: list[DataFrame] = []
+    for spec in specs:
+        i = key_index[spec.wm_key]
+        cols = cols_for(spec)
+        parts: list[DataFrame] = []
+        previous = work.open_state.get(spec.name)
+        if previous is not None:
+            parts.append(spark.read.parquet(previous))
+        if joined is not None:
+            parts.append(partials(joined.where(F.col(f"_on{i}")), spec, cols))
+        if not parts:
+            spec_counts[spec.name] = SpecCounts()
+            continue
+        merged = merge(parts, spec, cols).persist(StorageLevel.MEMORY_AND_DISK)
+        persisted.append(merged)
+        due = F.col("window_start") + F.lit(spec.size) <= F.lit(work.effective[i])
+        stats = {
+            bool(r["due"]): r
+            for r in merged.groupBy(due.alias("due"))
+            .agg(F.count(F.lit(1)).alias("n"), F.sum("_owned").alias("owned"))
+            .collect()
+        }
+        emitted, still_open = stats.get(True), stats.get(False)
+        open_dir = None
+        if still_open is not None:
+            open_dir = work.state_dirs[spec.name]
+            merged.where(~due).write.parquet(open_dir)
+        if emitted is not None:
+            emitted_frames.append(finalize(merged.where(due), spec, cols, columns))
+        spec_counts[spec.name] = SpecCounts(
+            emitted=int(emitted["n"]) if emitted else 0,
+            emitted_owned=int(emitted["owned"]) if emitted else 0,
+            open=int(still_open["n"]) if still_open else 0,
+            open_owned=int(still_open["owned"]) if still_open else 0,
+            open_dir=open_dir,
+        )
+    windows_written = False
+    if emitted_frames:
+        out = emitted_frames[0]
+        for frame in emitted_frames[1:]:
+            out = out.unionByName(frame)
+        out.write.parquet(work.windows_dir)
+        windows_written = True
+    for frame in persisted:
+        frame.unpersist()
+    if joined is not None:
+        joined.unpersist()
+    return WorkResult(
+        copies=result_copies, specs=spec_counts, windows_written=windows_written, late_written=late_written
+    )

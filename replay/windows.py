@@ -1,0 +1,271 @@
+"""Windows and mergeable partial aggregates in Spark (SPEC section 4).
+
+A window aggregation (``WindowSpec``) is computed in three steps that keep every
+per-tuple operation inside Spark:
+
+1. ``partials``: the on-time tuples of one micro-batch are assigned to their
+   windows (``[start, start + size)``, starts ``offset + j * slide``) and reduced
+   to one partial row per (grouping key, window start);
+2. ``merge``: partials of earlier batches (the open-window state carried in the
+   checkpoint) and of this batch are merged per (key, start);
+3. ``finalize``: a window whose end the effective watermark has reached becomes
+   one row of the ``windows`` table.
+
+Every partial is exactly mergeable, so results do not depend on how a run was
+cut into batches: counts and integer sums are 64-bit integers, sums of
+floating-point columns are carried as ``DECIMAL(38, 12)`` (exact addition, so
+the order of the tuples cannot change a bit of the result; a value of 1e26 or
+more is an arithmetic error), ``min``/``max`` are the column's own type, ``mean``
+is a sum and a count, and ``approx_count_distinct`` carries the set of distinct
+values (it is exact; see docs/semantics.md).
+
+Two bookkeeping partials are always present: ``_rows`` (on-time tuples in the
+window; every window in the state has at least one, so a window with no on-time
+tuple never exists) and ``_owned`` (tuples whose latest window this is: every
+on-time tuple is owned by exactly one window, which is what the ledger counts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from replay.config import Aggregation, WindowSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import DataType, StructType
+
+__all__ = [
+    "FLOAT_SUM_TYPE",
+    "WindowColumns",
+    "finalize",
+    "has_window",
+    "merge",
+    "output_columns",
+    "owner_start",
+    "partials",
+    "window_columns",
+]
+
+FLOAT_SUM_TYPE = "decimal(38,12)"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WindowColumns:
+    """The physical inputs of one window aggregation.
+
+    ``event_micros``: the name of a long column holding the event time in microseconds;
+    ``key``: the grouping key column; ``types``: Spark type of every aggregated column.
+    ``range_start``/``range_end``: with a backfill range, only windows entirely inside
+    ``[range_start, range_end)`` are produced (microseconds; ``None``: unbounded).
+    """
+
+    event_micros: str
+    key: str
+    types: dict[str, DataType]
+    range_start: int | None = None
+    range_end: int | None = None
+
+
+def _q(name: str) -> str:
+    return f"`{name}`"
+
+
+def _sum_kind(data_type: DataType) -> str:
+    from pyspark.sql.types import ByteType, DecimalType, IntegerType, LongType, ShortType
+
+    if isinstance(data_type, ByteType | ShortType | IntegerType | LongType):
+        return "long"
+    if isinstance(data_type, DecimalType):
+        return f"decimal(38,{data_type.scale})"
+    return FLOAT_SUM_TYPE
+
+
+def _is_float(data_type: DataType) -> bool:
+    from pyspark.sql.types import DecimalType
+
+    return _sum_kind(data_type) == FLOAT_SUM_TYPE and not isinstance(data_type, DecimalType)
+
+
+def window_columns(df_schema: StructType, *, event_micros: str, key: str, spec: WindowSpec) -> WindowColumns:
+    """The ``WindowColumns`` of ``spec`` for a DataFrame with schema ``df_schema``."""
+    types = {a.column: df_schema[a.column].dataType for a in spec.aggregations if a.column is not None}
+    return WindowColumns(event_micros=event_micros, key=key, types=types)
+
+
+def _partial_exprs(spec: WindowSpec, cols: WindowColumns, owned: Column) -> list[Column]:
+    from pyspark.sql import functions as F
+
+    exprs = [F.count(F.lit(1)).alias("_rows"), F.sum(F.when(owned, 1).otherwise(0)).cast("long").alias("_owned")]
+    for i, agg in enumerate(spec.aggregations):
+        if agg.column is None:
+            continue
+        col = F.col(_q(agg.column))
+        if agg.fn in ("count", "sum", "mean"):
+            exprs.append(F.count(col).alias(f"p{i}_n"))
+        if agg.fn in ("sum", "mean"):
+            exprs.append(
+                F.sum(col.cast(_sum_kind(cols.types[agg.column])))
+                .cast(_sum_kind(cols.types[agg.column]))
+                .alias(f"p{i}_s")
+            )
+        if agg.fn == "min":
+            exprs.append(F.min(col).alias(f"p{i}_min"))
+        if agg.fn == "max":
+            exprs.append(F.max(col).alias(f"p{i}_max"))
+        if agg.fn == "approx_count_distinct":
+            exprs.append(F.collect_set(col).alias(f"p{i}_set"))
+    return exprs
+
+
+def _merge_exprs(spec: WindowSpec, cols: WindowColumns) -> list[Column]:
+    from pyspark.sql import functions as F
+
+    exprs = [F.sum("_rows").cast("long").alias("_rows"), F.sum("_owned").cast("long").alias("_owned")]
+    for i, agg in enumerate(spec.aggregations):
+        if agg.column is None:
+            continue
+        if agg.fn in ("count", "sum", "mean"):
+            exprs.append(F.sum(f"p{i}_n").cast("long").alias(f"p{i}_n"))
+        if agg.fn in ("sum", "mean"):
+            exprs.append(F.sum(f"p{i}_s").cast(_sum_kind(cols.types[agg.column])).alias(f"p{i}_s"))
+        if agg.fn == "min":
+            exprs.append(F.min(f"p{i}_min").alias(f"p{i}_min"))
+        if agg.fn == "max":
+            exprs.append(F.max(f"p{i}_max").alias(f"p{i}_max"))
+        if agg.fn == "approx_count_distinct":
+            exprs.append(F.array_distinct(F.flatten(F.collect_list(f"p{i}_set"))).alias(f"p{i}_set"))
+    return exprs
+
+
+def owner_start(t: Column, spec: WindowSpec, cols: WindowColumns) -> Column:
+    """The start of the window that owns event time ``t``: its latest window, or with a backfill
+    range the latest one ending by ``range_end``. The window holds ``t`` only when
+    ``has_window`` says so (a tuple near a range edge may have no window inside the range)."""
+    from pyspark.sql import functions as F
+
+    slide, offset = spec.effective_slide, spec.offset
+    last = t - F.pmod(t - F.lit(offset), F.lit(slide))  # the latest start <= t
+    if cols.range_end is None:
+        return last
+    capped = F.least(last, F.lit(cols.range_end - spec.size))
+    return capped - F.pmod(capped - F.lit(offset), F.lit(slide))
+
+
+def has_window(t: Column, spec: WindowSpec, cols: WindowColumns) -> Column:
+    """Whether event time ``t`` falls in at least one window that is produced (always, without a range)."""
+    from pyspark.sql import functions as F
+
+    if cols.range_start is None and cols.range_end is None:
+        return F.lit(True)
+    owner = owner_start(t, spec, cols)
+    inside = owner + F.lit(spec.size) > t
+    if cols.range_start is not None:
+        inside = inside & (owner >= F.lit(cols.range_start))
+    return inside
+
+
+def partials(on_time: DataFrame, spec: WindowSpec, cols: WindowColumns) -> DataFrame:
+    """One partial row per (key, window start) over ``on_time`` (tuples with a non-null event time).
+
+    Columns: ``key``, ``window_start`` (long microseconds), ``_rows``, ``_owned`` and the
+    aggregation partials. With a backfill range only windows inside it are kept, and a
+    tuple is owned by the latest of its windows that is kept.
+    """
+    from pyspark.sql import functions as F
+
+    size, slide, offset = spec.size, spec.effective_slide, spec.offset
+    t = F.col(_q(cols.event_micros))
+    last = t - F.pmod(t - F.lit(offset), F.lit(slide))  # the latest start <= t
+    count = -(-size // slide)  # windows per tuple at most: ceil(size / slide)
+    if count == 1:
+        assigned = on_time.withColumn("_start", last)
+    else:
+        assigned = on_time.withColumn("_j", F.explode(F.sequence(F.lit(0), F.lit(count - 1)))).withColumn(
+            "_start", last - F.col("_j") * F.lit(slide)
+        )
+        assigned = assigned.where(F.col("_start") + F.lit(size) > t)
+    if cols.range_start is not None:
+        assigned = assigned.where(F.col("_start") >= F.lit(cols.range_start))
+    if cols.range_end is not None:
+        assigned = assigned.where(F.col("_start") + F.lit(size) <= F.lit(cols.range_end))
+    owned = F.col("_start") == owner_start(t, spec, cols)
+    return assigned.groupBy(F.col(_q(cols.key)).alias("key"), F.col("_start").alias("window_start")).agg(
+        *_partial_exprs(spec, cols, owned)
+    )
+
+
+def merge(parts: Sequence[DataFrame], spec: WindowSpec, cols: WindowColumns) -> DataFrame:
+    """Merge partial frames (same columns as ``partials``) per (key, window start)."""
+    frames = list(parts)
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.unionByName(frame)
+    return union.groupBy("key", "window_start").agg(*_merge_exprs(spec, cols))
+
+
+def _final(agg: Aggregation, i: int, cols: WindowColumns) -> Column:
+    from pyspark.sql import functions as F
+
+    if agg.column is None:
+        return F.col("_rows")
+    if agg.fn == "count":
+        return F.col(f"p{i}_n")
+    if agg.fn == "sum":
+        total = F.col(f"p{i}_s")
+        if _is_float(cols.types[agg.column]):
+            total = total.cast("double")
+        return F.when(F.col(f"p{i}_n") > 0, total)
+    if agg.fn == "mean":
+        return F.when(F.col(f"p{i}_n") > 0, F.col(f"p{i}_s").cast("double") / F.col(f"p{i}_n").cast("double"))
+    if agg.fn == "min":
+        return F.col(f"p{i}_min")
+    if agg.fn == "max":
+        return F.col(f"p{i}_max")
+    return F.size(f"p{i}_set").cast("long")  # approx_count_distinct
+
+
+def output_columns(specs: Sequence[WindowSpec], types: dict[str, DataType]) -> list[tuple[str, DataType]]:
+    """The aggregation columns of the ``windows`` table: the union over ``specs``, in first-seen order."""
+    from pyspark.sql.types import DecimalType, DoubleType, LongType
+
+    out: dict[str, DataType] = {}
+    for spec in specs:
+        for agg in spec.aggregations:
+            if agg.output_name in out:
+                continue
+            if agg.column is None or agg.fn in ("count", "approx_count_distinct"):
+                out[agg.output_name] = LongType()
+            elif agg.fn == "mean":
+                out[agg.output_name] = DoubleType()
+            elif agg.fn == "sum":
+                kind = _sum_kind(types[agg.column])
+                if kind == "long":
+                    out[agg.output_name] = LongType()
+                elif kind == FLOAT_SUM_TYPE and _is_float(types[agg.column]):
+                    out[agg.output_name] = DoubleType()
+                else:
+                    out[agg.output_name] = DecimalType(38, int(kind.split(",")[1].rstrip(")")))
+            else:
+                out[agg.output_name] = types[agg.column]
+    return list(out.items())
+
+
+def finalize(
+    merged: DataFrame, spec: WindowSpec, cols: WindowColumns, columns: Sequence[tuple[str, DataType]]
+) -> DataFrame:
+    """Rows of the ``windows`` table from merged partials: ``window, wm_key, key, window_start,
+    window_end`` (timestamps) and ``columns`` (null where ``spec`` has no such aggregation)."""
+    from pyspark.sql import functions as F
+
+    mine = {agg.output_name: _final(agg, i, cols) for i, agg in enumerate(spec.aggregations)}
+    return merged.select(
+        F.lit(spec.name).alias("window"),
+        F.lit(spec.wm_key).alias("wm_key"),
+        F.col("key"),
+        F.timestamp_micros("window_start").alias("window_start"),
+        F.timestamp_micros(F.col("window_start") + F.lit(spec.size)).alias("window_end"),
+        *[(mine[name] if name in mine else F.lit(None)).cast(data_type).alias(name) for name, data_type in columns],
+    )

@@ -1,0 +1,181 @@
+"""``replay run`` (micro-batches, checkpoints, Spark window work) against ``replay.reference``.
+
+Hypothesis draws the same small, nasty archives as ``test_engine_vs_reference``
+(chunks out of order, gaps, idle markers, duplicates, conflicts, regressions,
+disorder), a window job (tumbling or sliding, every aggregation function) and a
+micro-batch size; the ``windows`` and ``late`` tables of the run must equal the
+reference model's, the open windows must be as many, or both must raise the same
+error.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _archives import write_archive
+from hypothesis import Phase, event, given, settings
+from hypothesis import strategies as st
+from test_engine_vs_reference import archives
+
+from replay.config import JobConfig, parse_config
+from replay.errors import ReplayError
+from replay.job import run
+from replay.outputs import read_table
+from replay.reference import run_reference
+from replay.timeutil import from_datetime
+
+pytestmark = pytest.mark.spark
+
+AGGREGATIONS = [
+    {"fn": "count"},
+    {"fn": "count", "column": "value"},
+    {"fn": "sum", "column": "value"},
+    {"fn": "min", "column": "value"},
+    {"fn": "max", "column": "value"},
+    {"fn": "mean", "column": "value"},
+    {"fn": "approx_count_distinct", "column": "key"},
+]
+
+
+@st.composite
+def window_jobs(draw: st.DrawFn) -> dict[str, Any]:
+    windows = []
+    for index in range(draw(st.integers(1, 2))):
+        size = draw(st.sampled_from([20, 50, 90]))
+        window: dict[str, Any] = {
+            "name": f"w{index}",
+            "size": f"{size}us",
+            "offset": f"{draw(st.sampled_from([0, 7]))}us",
+            "aggregations": draw(st.lists(st.sampled_from(AGGREGATIONS), min_size=1, max_size=4, unique_by=str)),
+        }
+        if draw(st.booleans()):
+            window |= {"kind": "sliding", "slide": f"{draw(st.sampled_from([size, size // 2, size // 3]))}us"}
+        windows.append(window)
+    return {"windows": windows, "micro_batch": {"max_buffers": draw(st.sampled_from([None, 3, 7]))}}
+
+
+def _plain(value: Any) -> Any:
+    return from_datetime(value) if isinstance(value, datetime) else value
+
+
+def _close(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return a is not None and b is not None and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+    return bool(a == b)
+
+
+def job_view(config: JobConfig, spark: Any) -> dict[str, Any]:
+    summary = run(config, spark=spark)
+    windows = read_table(config.output, "windows").to_pylist()  # type: ignore[arg-type]
+    late = read_table(config.output, "late").to_pylist()  # type: ignore[arg-type]
+    names = {agg.output_name for spec in config.windows for agg in spec.aggregations}
+    return {
+        "windows": sorted(
+            (
+                r["window"],
+                r["wm_key"],
+                repr(r["key"]),
+                _plain(r["window_start"]),
+                _plain(r["window_end"]),
+                tuple(sorted((n, r[n]) for n in names if r.get(n) is not None or n in r)),
+            )
+            for r in windows
+        ),
+        "late": sorted(
+            (
+                r["wm_key"],
+                r["origin_id"],
+                r["sequence_number"],
+                r["chunk_number"],
+                r["event_time"] and _plain(r["event_time"]),
+                repr(r["key"]),
+                _plain(r["violated_watermark"]),
+                r["reason"],
+            )
+            for r in late
+        ),
+        "open": summary.open_windows,
+    }
+
+
+def reference_view(config: JobConfig) -> dict[str, Any]:
+    ref = run_reference(config.archive, config)
+    names = {agg.output_name for spec in config.windows for agg in spec.aggregations}
+    return {
+        "windows": sorted(
+            (
+                w.window,
+                w.wm_key,
+                repr(w.key),
+                w.window_start,
+                w.window_end,
+                tuple(sorted((n, dict(w.values).get(n)) for n in names)),
+            )
+            for w in ref.windows
+        ),
+        "late": sorted(
+            (
+                r.wm_key,
+                r.origin_id,
+                r.sequence_number,
+                r.chunk_number,
+                r.row[0],
+                repr(r.row[1]),
+                r.violated_watermark,
+                r.reason,
+            )
+            for r in ref.late
+        ),
+        "open": len(ref.open_windows),
+    }
+
+
+def _same_windows(actual: list[Any], expected: list[Any]) -> None:
+    assert [w[:5] for w in actual] == [w[:5] for w in expected]
+    for a, e in zip(actual, expected, strict=True):
+        assert [n for n, _ in a[5]] == [n for n, _ in e[5]]
+        for (name, av), (_, ev) in zip(a[5], e[5], strict=True):
+            assert _close(av, ev), (a[:5], name, av, ev)
+
+
+@settings(
+    max_examples=int(os.environ.get("REPLAY_DEEP_EXAMPLES", "12")),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    deadline=None,
+)
+@given(archives(), window_jobs())
+def test_run_equals_reference(
+    spark: Any, drawn: tuple[list[list[dict[str, Any]]], dict[str, Any]], jobs: dict[str, Any]
+) -> None:
+    files, job = drawn
+    root = Path(tempfile.mkdtemp(prefix="replay-run-"))
+    try:
+        for index, rows in enumerate(files):
+            write_archive(root / "archive", rows, name=f"part-{index:05d}.parquet")
+        config = parse_config({"archive": str(root / "archive"), "output": str(root / "out")} | job | jobs)
+        try:
+            expected = reference_view(config)
+        except ReplayError as error:
+            event(f"error: {type(error).__name__}")
+            with pytest.raises(ReplayError) as raised:
+                run(config, spark=spark)
+            assert (type(raised.value), raised.value.origin, raised.value.sequence) == (
+                type(error),
+                error.origin,
+                error.sequence,
+            )
+            return
+        event(f"windows emitted: {min(len(expected['windows']), 3)}+, late: {min(len(expected['late']), 3)}+")
+        actual = job_view(config, spark)
+        _same_windows(actual["windows"], expected["windows"])
+        assert actual["late"] == expected["late"]
+        assert actual["open"] == expected["open"]
+    finally:
+        shutil.rmtree(root)

@@ -64,8 +64,9 @@ case "$cmd" in
         rm -rf data/demo
         .venv/bin/replay generate data/demo/archive --origins 4 --tuples 200000 --buffer-tuples 500 \
             --keys 50 --files 4 --gaps 1 --duplicates 3 --late-fraction 0.01 --multi-chunk-fraction 0.2 "$@"
-        .venv/bin/replay inspect data/demo/archive --config examples/demo.yaml
-        echo "dev.sh: the sample archive is in data/demo/archive; 'replay inspect --json' gives the same as JSON." >&2
+        .venv/bin/replay run --config examples/demo.yaml
+        .venv/bin/replay digest data/demo/out
+        echo "dev.sh: archive in data/demo/archive, outputs in data/demo/out (see 'replay show data/demo/out --table windows'), checkpoint in data/demo/ckpt ('replay status --checkpoint data/demo/ckpt')." >&2
         ;;
     test)
         setup

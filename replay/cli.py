@@ -198,6 +198,157 @@ def inspect(
         raise typer.Exit(1)
 
 
+def _timestamp(value: str | None, option: str) -> int | None:
+    from replay.timeutil import parse_timestamp
+
+    if value is None:
+        return None
+    try:
+        return parse_timestamp(value)
+    except ValueError as exc:
+        raise typer.BadParameter(f"{exc} (e.g. 2026-01-01T00:00:00Z)", param_hint=option) from exc
+
+
+@app.command(name="run")
+def run_command(
+    config: Annotated[Path, typer.Option("--config", "-c", help="Job YAML file.")],
+    archive: Annotated[str | None, typer.Option(help="Archive directory or URI (overrides the job's).")] = None,
+    output: Annotated[str | None, typer.Option(help="Output directory (overrides the job's).")] = None,
+    checkpoint: Annotated[str | None, typer.Option(help="Checkpoint directory (overrides the job's).")] = None,
+    max_buffers: Annotated[int | None, typer.Option(help="At most this many buffers per micro-batch.")] = None,
+    max_tuples: Annotated[int | None, typer.Option(help="At most this many tuples per micro-batch.")] = None,
+    spark_master: Annotated[str | None, typer.Option(help="Spark master URL (overrides the job's).")] = None,
+    start: Annotated[str | None, typer.Option(help="Backfill from this event time (inclusive, ISO 8601).")] = None,
+    end: Annotated[str | None, typer.Option(help="Backfill up to this event time (exclusive, ISO 8601).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Replay the archive in micro-batches into a new output version, resuming from the checkpoint."""
+    from replay.config import load_config
+    from replay.job import run
+
+    range_start, range_end = _timestamp(start, "--start"), _timestamp(end, "--end")
+    try:
+        job = load_config(config)
+        micro = job.micro_batch.model_dump()
+        micro.update({k: v for k, v in (("max_buffers", max_buffers), ("max_tuples", max_tuples)) if v is not None})
+        spark = job.spark.model_dump() | ({"master": spark_master} if spark_master else {})
+        job = job.with_overrides(archive=archive, output=output, checkpoint=checkpoint, micro_batch=micro, spark=spark)
+        with _Steps(
+            {"footers": "reading footers", "scan": "scanning buffers (Spark)", "batch": "micro-batches"}
+        ) as steps:
+            summary = run(job, start=range_start, end=range_end, on_event=steps)
+    except ReplayError as error:
+        raise _fail(error) from error
+    data = summary.to_dict()
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    if summary.stale_lock is not None:
+        typer.echo(
+            f"note: broke the lock left by process {summary.stale_lock.pid} on {summary.stale_lock.host}, "
+            "which is no longer running",
+            err=True,
+        )
+    for note in summary.notes:
+        typer.echo(f"note: {note}", err=True)
+    if summary.batches == 0 and not summary.new_version:
+        typer.echo(f"nothing new in the archive since the last run; output version {summary.version} is current")
+    else:
+        typer.echo(
+            f"replayed {summary.buffers} buffers ({summary.tuples_read} tuples) in {summary.batches} micro-batch(es)"
+            + (" (resumed)" if summary.resumed else "")
+            + f" in {summary.seconds:.1f} s"
+        )
+    typer.echo(f"output:      {summary.output} (version {summary.version})")
+    typer.echo(f"checkpoint:  {summary.checkpoint}")
+    typer.echo(
+        f"windows:     {summary.windows_emitted} emitted, {summary.open_windows} still open (carried in the checkpoint)"
+    )
+    typer.echo("late tuples: " + ", ".join(f"{k} {n}" for k, n in summary.late_tuples.items()))
+    typer.echo(f"pending:     {summary.pending_tuples} tuples; duplicate copies discarded: {summary.duplicate_copies}")
+    for key, marks in data["watermarks"].items():
+        typer.echo(f"watermark:   {key}: global {marks['global']}, effective {marks['effective']}")
+
+
+@app.command()
+def status(
+    checkpoint: Annotated[str, typer.Option("--checkpoint", help="Checkpoint directory.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Checkpoint versions, stream cut, G_k, time window, open windows and pending buffers."""
+    from replay.status import checkpoint_status
+
+    try:
+        data = checkpoint_status(checkpoint)
+    except ReplayError as error:
+        raise _fail(error) from error
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    console.print(
+        f"[bold]{data['checkpoint']}[/bold]: batch {data['batch']} of run {data['run']} "
+        f"({'finished' if data['finished'] else 'interrupted'}), commits kept {data['commits']}, "
+        f"lateness {data['lateness']}, output {data['output']} (versions {data['versions']})"
+    )
+    keys = Table(title="Per key")
+    for title in ("key", "global wm", "effective wm", "window lower", "window upper"):
+        keys.add_column(title, no_wrap=True)
+    for k in data["keys"]:
+        keys.add_row(
+            k["key"], str(k["global"]), str(k["effective"]), str(k["time_window_lower"]), str(k["time_window_upper"])
+        )
+    console.print(keys)
+    cut = Table(title="Stream cut per origin")
+    for title in ("origin", "sequence", "chunk"):
+        cut.add_column(title, justify="right")
+    for origin, (seq, chunk) in data["stream_cut"].items():
+        cut.add_row(str(origin), str(seq), str(chunk))
+    console.print(cut)
+    console.print(
+        "open windows: "
+        + ", ".join(f"{n} {c}" for n, c in data["open_windows"].items())
+        + f"; pending: {data['pending_buffers']} buffers ({data['pending_tuples']} tuples)"
+    )
+
+
+@app.command()
+def digest(
+    output: Annotated[str, typer.Argument(help="Output directory.")],
+    version: Annotated[int | None, typer.Option("--version", help="Version (default: published, else newest).")] = None,
+) -> None:
+    """One line per table: '<table> <sha256>' over its canonical sorted rows (SPEC section 5)."""
+    from replay.digest import digest as digest_output
+
+    try:
+        digests = digest_output(output, version)
+    except ReplayError as error:
+        raise _fail(error) from error
+    for table, value in digests.items():
+        typer.echo(f"{table} {value}")
+
+
+@app.command()
+def show(
+    output: Annotated[str, typer.Argument(help="Output directory.")],
+    table: Annotated[str, typer.Option("--table", "-t", help="windows, late, progress or integrity.")],
+    fmt: Annotated[str, typer.Option("--format", help="jsonl or csv.")] = "jsonl",
+    version: Annotated[int | None, typer.Option("--version", help="Version (default: published, else newest).")] = None,
+) -> None:
+    """Print a table's rows sorted by all columns, timestamps as ISO 8601 UTC with milliseconds."""
+    from replay.digest import show_lines
+
+    try:
+        lines = show_lines(output, table, fmt=fmt, version=version)
+    except ReplayError as error:
+        raise _fail(error) from error
+    for line in lines:
+        typer.echo(line)
+
+
 def _print_inspection(data: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table

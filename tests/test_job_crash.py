@@ -1,0 +1,205 @@
+"""Crash and resume, and the single-writer lock, with real processes and real SIGKILLs.
+
+``replay run`` runs as a subprocess (its own JVM) and is killed with SIGKILL at
+chosen points (``REPLAY_FAULT=<point>:<batch>`` makes the process kill itself
+there: before the intent, after the intent, after staging, during the commit)
+and at a random moment; the resumed run must give the digest of an uninterrupted
+run, and its checkpoint must hold every buffer exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from replay import _state
+from replay.checkpoint import CheckpointStore
+from replay.config import load_config
+from replay.digest import digest
+from replay.errors import ConcurrentWriterError
+from replay.generate import GenerateOptions, generate_archive
+from replay.job import run
+
+pytestmark = pytest.mark.spark
+
+REPLAY = str(Path(sys.executable).with_name("replay"))
+DETERMINISTIC = ("windows", "late", "integrity")
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("crash") / "archive"
+    generate_archive(
+        path,
+        GenerateOptions(
+            origins=3,
+            tuples=900,
+            buffer_tuples=30,
+            keys=5,
+            seed=3,
+            duplicates=2,
+            late_fraction=0.05,
+            multi_chunk_fraction=0.3,
+            files=3,
+        ),
+    )
+    return path
+
+
+def write_job(directory: Path, archive: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    job = {
+        "archive": str(archive),
+        "output": str(directory / "out"),
+        "checkpoint": str(directory / "ckpt"),
+        "windows": [
+            {"name": "w", "size": "300ms", "aggregations": [{"fn": "count"}, {"fn": "sum", "column": "value"}]}
+        ],
+        "micro_batch": {"max_buffers": 4},
+    }
+    path = directory / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def replay_run(job: Path, fault: str | None = None) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    env.pop("REPLAY_FAULT", None)
+    if fault:
+        env["REPLAY_FAULT"] = fault
+    return subprocess.Popen(
+        [REPLAY, "run", "--config", str(job)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(archive: Path, tmp_path_factory: pytest.TempPathFactory, spark: Any) -> dict[str, str]:
+    job = write_job(tmp_path_factory.mktemp("clean"), archive)
+    config = load_config(job)
+    run(config, spark=spark)
+    assert config.output is not None
+    found = digest(config.output)
+    return {t: found[t] for t in DETERMINISTIC}
+
+
+def assert_ledger_whole(checkpoint: Path, archive_buffers: int) -> None:
+    """Every buffer of the archive is in the checkpoint exactly once (no duplicate, none missing)."""
+    store = CheckpointStore(checkpoint)
+    commit = store.latest()
+    assert commit is not None
+    identities = []
+    for entry in commit["batches"]:
+        identities += [b.identity for b in _state.read_buffers(checkpoint / entry["buffers"], 1)]
+    assert len(identities) == len(set(identities)) == archive_buffers
+    ledger = commit["ledger"]
+    assert ledger["read_xor"] == ledger["processed_xor"] ^ ledger["discarded_xor"]
+    assert commit["pending_buffers"] == 0
+
+
+@pytest.mark.parametrize("point", ["before_intent", "after_intent", "after_staging", "during_commit"])
+def test_sigkill_at_each_point_then_resume_equals_an_uninterrupted_run(
+    archive: Path, tmp_path: Path, spark: Any, uninterrupted: dict[str, str], point: str
+) -> None:
+    job = write_job(tmp_path, archive)
+    crashed = replay_run(job, fault=f"{point}:2")
+    _, err = crashed.communicate(timeout=300)
+    assert crashed.returncode == -signal.SIGKILL, err
+    config = load_config(job)
+    store = CheckpointStore(tmp_path / "ckpt")
+    assert [n for n in store.commits()] == [1]  # batch 1 committed, batch 2 not
+    summary = run(config, spark=spark)
+    assert summary.resumed
+    assert config.output is not None
+    found = digest(config.output)
+    assert {t: found[t] for t in DETERMINISTIC} == uninterrupted
+    clean_store = load_config(job)
+    assert clean_store.checkpoint is not None
+    total = len({b.identity for b in _kept_buffers(spark, config)})
+    assert_ledger_whole(Path(clean_store.checkpoint), total)
+    # No staged file of the crashed attempt is left behind.
+    referenced = _referenced_outputs(config.output)
+    on_disk = {
+        str(p.relative_to(config.output))
+        for t in ("windows", "late")
+        for p in (Path(config.output) / "data" / t).glob("*")
+    }
+    assert on_disk <= referenced
+
+
+def _kept_buffers(spark: Any, config: Any) -> Any:
+    from replay.archive import inspect_schema
+    from replay.buffers import scan_buffers
+
+    return scan_buffers(spark, inspect_schema(config), config).buffers
+
+
+def _referenced_outputs(output: str) -> set[str]:
+    from replay.outputs import latest_version, read_manifest
+
+    version = latest_version(output)
+    assert version is not None
+    tables = read_manifest(output, version)["tables"]
+    return set(tables["windows"]) | set(tables["late"])
+
+
+def test_sigkill_at_a_random_moment_then_resume(
+    archive: Path, tmp_path: Path, spark: Any, uninterrupted: dict[str, str]
+) -> None:
+    job = write_job(tmp_path, archive)
+    rng = random.Random(int(os.environ.get("REPLAY_CRASH_SEED", "20261121")))
+    crashed = replay_run(job)
+    # Let it get past Spark's start-up into the batches (which commit every few hundred ms).
+    deadline = time.monotonic() + 120
+    commits = tmp_path / "ckpt" / "commits"
+    while time.monotonic() < deadline and crashed.poll() is None and not (commits.exists() and any(commits.iterdir())):
+        time.sleep(0.05)
+    time.sleep(rng.uniform(0.0, 2.0))
+    crashed.send_signal(signal.SIGKILL)
+    crashed.communicate(timeout=60)
+    config = load_config(job)
+    run(config, spark=spark)
+    assert config.output is not None
+    found = digest(config.output)
+    assert {t: found[t] for t in DETERMINISTIC} == uninterrupted
+
+
+def test_a_second_writer_is_refused_naming_the_holder(archive: Path, tmp_path: Path, spark: Any) -> None:
+    job = write_job(tmp_path, archive)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from replay.checkpoint import CheckpointStore\n"
+            "with CheckpointStore(sys.argv[1]).lock('replay run (test holder)'):\n"
+            "    print('locked', flush=True)\n"
+            "    time.sleep(600)\n",
+            str(tmp_path / "ckpt"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        with pytest.raises(ConcurrentWriterError) as raised:
+            run(load_config(job), spark=spark)
+        assert f"process {holder.pid}" in raised.value.message and "test holder" in raised.value.message
+        # The CLI says the same and exits 1.
+        second = subprocess.run([REPLAY, "run", "--config", str(job)], capture_output=True, text=True, timeout=300)
+        assert second.returncode == 1 and "[checkpoint.locked]" in second.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    # A lock whose holder died is broken, and the run says whose it was.
+    summary = run(load_config(job), spark=spark)
+    assert summary.stale_lock is not None and summary.stale_lock.pid == holder.pid
+    assert summary.version == 1

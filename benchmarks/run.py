@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -115,9 +116,101 @@ def bench_inspect_warm(sizes: list[tuple[int, int]], repeats: int = 3) -> str:
     return "\n".join(rows)
 
 
+def _run_config(path: Path, work: Path, max_buffers: int | None) -> Any:
+    from replay.config import parse_config
+
+    return parse_config(
+        {
+            "archive": str(path),
+            "output": str(work / "out"),
+            "checkpoint": str(work / "ckpt"),
+            "windows": [
+                {
+                    "name": "per_minute",
+                    "size": "60s",
+                    "aggregations": [
+                        {"fn": "count"},
+                        {"fn": "sum", "column": "value"},
+                        {"fn": "min", "column": "value"},
+                        {"fn": "max", "column": "value"},
+                    ],
+                }
+            ],
+            "micro_batch": {"max_buffers": max_buffers},
+        }
+    )
+
+
+def bench_run(sizes: list[tuple[int, int]], batch_buffers: int = 1000, repeats: int = 1) -> str:
+    """``replay run`` warm in one process, side by side with plain Spark batch and Structured Streaming.
+
+    Same session, same files, same aggregation (60 s tumbling windows per key: count, sum, min,
+    max of value), shuffle partitions 2 for all. The fixed cost per micro-batch is the slope
+    between one batch and ``batch_buffers``-buffer batches.
+    """
+    import resource
+    import shutil
+    import tempfile
+
+    sys.path.insert(0, str(ROOT))
+    from baselines import plain_batch, structured_streaming
+
+    from replay.job import run
+    from replay.spark import get_session
+
+    spark = get_session()
+    spark.conf.set("spark.sql.shuffle.partitions", "2")
+    rows = [
+        "| tuples | buffers | replay run s | replay tuples/s | batches | fixed cost per batch s | plain batch tuples/s "
+        "| Structured Streaming tuples/s | replay / streaming | replay / batch |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for tuples, buffer_tuples in sizes:
+        path = archive(tuples, buffer_tuples)
+        best: dict[str, float] = {}
+        read = 0
+        buffers = batches = 0
+        for attempt in range(repeats):
+            for name, max_buffers in (("one", None), ("many", batch_buffers)):
+                work = Path(tempfile.mkdtemp(prefix="replay-bench-"))
+                try:
+                    start = time.perf_counter()
+                    summary = run(_run_config(path, work, max_buffers), spark=spark)
+                    seconds = time.perf_counter() - start
+                finally:
+                    shutil.rmtree(work, ignore_errors=True)
+                best[name] = min(best.get(name, seconds), seconds)
+                read, buffers = summary.tuples_read, summary.buffers
+                if name == "many":
+                    batches = summary.batches
+                print(
+                    f"  replay run ({name}, attempt {attempt + 1}): {seconds:.1f} s, {summary.batches} batches",
+                    flush=True,
+                )
+            batch = plain_batch(spark, path)
+            best["batch"] = min(best.get("batch", batch.seconds), batch.seconds)
+            stream = structured_streaming(spark, path)
+            best["stream"] = min(best.get("stream", stream.seconds), stream.seconds)
+            print(f"  plain batch {batch.seconds:.1f} s, streaming {stream.seconds:.1f} s", flush=True)
+        replay_tps = read / best["one"]
+        batch_tps = read / best["batch"]
+        stream_tps = read / best["stream"]
+        fixed = (best["many"] - best["one"]) / max(batches - 1, 1)
+        line = (
+            f"| {read:,} | {buffers:,} | {best['one']:.1f} | {replay_tps:,.0f} | {batches} | {fixed:.2f} | "
+            f"{batch_tps:,.0f} | {stream_tps:,.0f} | {replay_tps / stream_tps:.2f} | {replay_tps / batch_tps:.2f} |"
+        )
+        print(line, flush=True)
+        rows.append(line)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rows.append("")
+    rows.append(f"Python driver peak RSS over the whole benchmark: {peak:.0f} MiB")
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", nargs="?", default="inspect", choices=["inspect", "inspect-warm"])
+    parser.add_argument("what", nargs="?", default="inspect", choices=["inspect", "inspect-warm", "run"])
     parser.add_argument(
         "--sizes",
         nargs="*",
@@ -126,7 +219,12 @@ def main() -> None:
     )
     options = parser.parse_args()
     sizes = [(int(a), int(b)) for a, b in (s.split(":") for s in options.sizes)]
-    table = bench_inspect(sizes) if options.what == "inspect" else bench_inspect_warm(sizes)
+    if options.what == "run":
+        table = bench_run(sizes)
+    elif options.what == "inspect":
+        table = bench_inspect(sizes)
+    else:
+        table = bench_inspect_warm(sizes)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{options.what}.md").write_text(table + "\n")
     print(f"\nwritten to {RESULTS / options.what}.md")

@@ -205,7 +205,8 @@ def run_batch(
                 (ev.isNotNull() & ~inside).alias(f"_out{i}"),
             ]
         joined = joined.select("*", (~punctuation).alias("_tuple"), *flags)
-        joined = joined.persist(StorageLevel.MEMORY_AND_DISK)
+        # Not persisted: caching the batch's rows costs more than reading them again for the
+        # late rows (only when there are any); the summary and the partials are one pass each.
 
         def as_int(flag: Column) -> Column:
             return F.sum(F.when(flag, 1).otherwise(0)).cast("long")
@@ -294,8 +295,6 @@ def run_batch(
         windows_written = True
     for frame in persisted:
         frame.unpersist()
-    if joined is not None:
-        joined.unpersist()
     return WorkResult(
         copies=result_copies, specs=spec_counts, windows_written=windows_written, late_written=late_written
     )

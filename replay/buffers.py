@@ -83,6 +83,7 @@ class Conflict:
     kept_row: int
     other_file: str
     other_row: int
+    other_tuples: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -411,6 +412,7 @@ def scan_buffers(
                 kept_row=first.row_start,
                 other_file=other.file,
                 other_row=other.row_start,
+                other_tuples=other.tuples,
             )
             if strict and config.on_conflict == "fail":
                 raise ConflictingDuplicateError(

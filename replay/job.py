@@ -667,10 +667,8 @@ class _Runner:
                         kept_file=dup.kept_file,
                     )
                 )
-        kept_tuples = {b.identity: b.tuples for b in scan.buffers}
         for con in scan.conflicts:
             if (con.other_file, con.other_row) not in state.known_copies:
-                tuples = _conflict_tuples(scan, con.origin, con.sequence, con.chunk, con.other_file, con.other_row)
                 discarded.append(
                     _state.Discarded(
                         kind="conflict",
@@ -679,9 +677,7 @@ class _Runner:
                         chunk=con.chunk,
                         file=con.other_file,
                         row_start=con.other_row,
-                        tuples=tuples
-                        if tuples is not None
-                        else kept_tuples.get((con.origin, con.sequence, con.chunk), 0),
+                        tuples=con.other_tuples,
                         kept_file=con.kept_file,
                     )
                 )
@@ -1018,10 +1014,6 @@ class _Runner:
             seconds=0.0,
             notes=tuple(self.notes),
         )
-
-
-def _conflict_tuples(scan: Any, origin: int, sequence: int, chunk: int, file: str, row: int) -> int | None:
-    return None
 
 
 def _snapshot_json(snapshot: ProgressSnapshot) -> dict[str, Any]:

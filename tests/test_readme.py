@@ -35,13 +35,31 @@ def test_readme_opens_with_the_two_commands() -> None:
 @pytest.mark.spark
 def test_readme_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark: Any) -> None:
     commands = readme_commands()
-    assert [c[0] for c in commands] == ["generate", "inspect", "inspect", "inspect"]
+    assert [c[0] for c in commands] == [
+        "generate",
+        "inspect",
+        "inspect",
+        "run",
+        "run",
+        "status",
+        "digest",
+        "show",
+    ]
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
     for command in commands:
         result = runner.invoke(app, command)
         assert result.exit_code == 0, (command, result.output)
+        if command[0] == "run":
+            assert "windows:" in result.output and "late tuples:" in result.output
+        if command[0] == "digest":
+            assert [line.split()[0] for line in result.output.splitlines()] == [
+                "windows",
+                "late",
+                "progress",
+                "integrity",
+            ]
 
 
 def test_importing_replay_starts_nothing_heavy() -> None:

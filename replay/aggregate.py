@@ -30,13 +30,13 @@ from replay.archive import ArchiveLayout
 from replay.buffers import Buffer, time_micros
 from replay.config import JobConfig, WindowSpec
 from replay.progress import Decision
-from replay.windows import WindowColumns, finalize, has_window, merge, output_columns, partials
+from replay.windows import WindowColumns, finalize, merge, output_columns, partials
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["BatchWork", "CopyCounts", "SpecCounts", "WorkResult", "copy_id", "run_batch"]
+__all__ = ["BatchWork", "Counts", "SpecCounts", "WorkResult", "buffer_copy_id", "copy_id", "run_batch"]
 
 _MASK63 = (1 << 63) - 1
 
@@ -60,7 +60,8 @@ class BatchWork:
     ``open_state``: per window name, the directory of the open windows carried in, or ``None``.
     ``windows_dir``/``late_dir``: where this batch writes its rows; ``state_dirs``: per window
     name, where it writes the open windows it carries out. ``range``: a backfill's
-    ``[start, end)`` in microseconds.
+    ``[start, end)`` in microseconds. ``checked``: identities with other copies in the archive,
+    whose rows must be matched by file and row range (the others by identity alone).
     """
 
     reads: Sequence[tuple[Buffer, Decision]]
@@ -70,25 +71,30 @@ class BatchWork:
     late_dir: str
     state_dirs: Mapping[str, str]
     range: tuple[int | None, int | None] = (None, None)
+    checked: frozenset[tuple[int, int, int]] = frozenset()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CopyCounts:
-    """What Spark saw of one copy: rows, tuples, and per key late / on-time / outside-range tuples,
-    and per window aggregation the on-time tuples that fall in a produced window."""
+class Counts:
+    """What Spark saw of the batch's copies, summed: rows, tuples, a checksum of the copy ids
+    (the sum over rows of each row's copy id, split in 32-bit halves), and per key the late,
+    on-time and outside-range tuples."""
 
     rows: int
     tuples: int
+    cid_lo: int
+    cid_hi: int
     late: tuple[int, ...]
     on_time: tuple[int, ...]
     outside: tuple[int, ...]
-    windowed: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SpecCounts:
-    """Windows of one aggregation after the batch: emitted now, still open, and the tuples they own."""
+    """Windows of one aggregation after the batch: emitted now, still open, and the tuples they own;
+    ``windowed``: the batch's on-time tuples that entered one of its windows."""
 
+    windowed: int = 0
     emitted: int = 0
     emitted_owned: int = 0
     open: int = 0
@@ -98,14 +104,14 @@ class SpecCounts:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkResult:
-    copies: dict[int, CopyCounts] = field(default_factory=dict)
+    counts: Counts | None = None
     specs: dict[str, SpecCounts] = field(default_factory=dict)
     windows_written: bool = False
     late_written: bool = False
 
 
 def _decision_frame(spark: SparkSession, work: BatchWork, spark_paths: Mapping[str, str], nkeys: int) -> DataFrame:
-    from pyspark.sql.types import LongType, StringType, StructField, StructType
+    from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
     fields = [
         StructField("d_file", StringType(), False),
@@ -115,6 +121,7 @@ def _decision_frame(spark: SparkSession, work: BatchWork, spark_paths: Mapping[s
         StructField("d_lo", LongType(), False),
         StructField("d_hi", LongType(), False),
         StructField("d_cid", LongType(), False),
+        StructField("d_check", BooleanType(), False),
     ]
     for i in range(nkeys):
         fields += [StructField(f"d_thr{i}", LongType(), False), StructField(f"d_reason{i}", StringType(), False)]
@@ -128,6 +135,7 @@ def _decision_frame(spark: SparkSession, work: BatchWork, spark_paths: Mapping[s
             buf.row_start,
             buf.row_start + buf.rows - 1,
             buffer_copy_id(buf),
+            buf.identity in work.checked,
         ]
         for i in range(nkeys):
             row += [decision.thresholds[i], decision.reasons[i]]
@@ -150,7 +158,12 @@ def run_batch(
     spark_paths: Mapping[str, str],
     work: BatchWork,
 ) -> WorkResult:
-    """Do one batch's tuple work in Spark (see the module docstring); return the small summary."""
+    """Do one batch's tuple work in Spark (see the module docstring); return the small summary.
+
+    One pass over the batch's rows computes the first window aggregation's partials and the
+    batch's counts together; each further window aggregation is one more pass, and the late
+    rows (when there are any) one more.
+    """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -172,21 +185,27 @@ def run_batch(
             range_end=range_end,
         )
 
-    result_copies: dict[int, CopyCounts] = {}
+    def as_int(flag: Column) -> Column:
+        return F.count(F.when(F.col("_first") & flag, 1))
+
     joined: DataFrame | None = None
-    late_written = False
+    late_source: DataFrame | None = None
+    counts: Counts | None = None
     if work.reads:
         files = sorted({spark_paths.get(buf.file, buf.file) for buf, _ in work.reads})
         raw = spark.read.schema(schema).parquet(*files)
         rows = raw.select("*", F.col("_metadata.file_path").alias("_file"), F.col("_metadata.row_index").alias("_row"))
         decisions = _decision_frame(spark, work, spark_paths, nkeys)
+        # Equi-join on the identity; only identities with other copies need the file and row check.
         joined = rows.join(
             F.broadcast(decisions),
-            (F.col("_file") == F.col("d_file"))
-            & (_q(layout.origin_id).cast("long") == F.col("d_origin"))
+            (_q(layout.origin_id).cast("long") == F.col("d_origin"))
             & (_q(layout.sequence_number).cast("long") == F.col("d_sequence"))
             & (_q(layout.chunk_number).cast("long") == F.col("d_chunk")),
-        ).where(F.col("_row").between(F.col("d_lo"), F.col("d_hi")))
+        ).where(
+            ~F.col("d_check")
+            | ((F.col("_file") == F.col("d_file")) & F.col("_row").between(F.col("d_lo"), F.col("d_hi")))
+        )
         punctuation = _q(layout.key).isNull()
         for i, key in enumerate(layout.keys):
             joined = joined.withColumn(f"_ev{i}", time_micros(raw, key.event_time, layout.time_columns[key.event_time]))
@@ -205,61 +224,65 @@ def run_batch(
                 (ev.isNotNull() & ~inside).alias(f"_out{i}"),
             ]
         joined = joined.select("*", (~punctuation).alias("_tuple"), *flags)
-        # Not persisted: caching the batch's rows costs more than reading them again for the
-        # late rows (only when there are any); the summary and the partials are one pass each.
-
-        def as_int(flag: Column) -> Column:
-            return F.sum(F.when(flag, 1).otherwise(0)).cast("long")
-
-        summary = [F.count(F.lit(1)).alias("rows"), as_int(F.col("_tuple")).alias("tuples")]
-        for i in range(nkeys):
-            summary += [as_int(F.col(f"_{name}{i}")).alias(f"{name}{i}") for name in ("late", "on", "out")]
-        for s, spec in enumerate(specs):
-            i = key_index[spec.wm_key]
-            windowed = F.col(f"_on{i}") & has_window(F.col(f"_ev{i}"), spec, cols_for(spec))
-            summary.append(as_int(windowed).alias(f"win{s}"))
-        for rec in joined.groupBy("d_cid").agg(*summary).collect():
-            result_copies[rec["d_cid"]] = CopyCounts(
-                rows=rec["rows"],
-                tuples=rec["tuples"],
-                late=tuple(rec[f"late{i}"] for i in range(nkeys)),
-                on_time=tuple(rec[f"on{i}"] for i in range(nkeys)),
-                outside=tuple(rec[f"out{i}"] for i in range(nkeys)),
-                windowed=tuple(rec[f"win{s}"] for s in range(len(specs))),
-            )
-
-        if any(sum(c.late) for c in result_copies.values()):
-            late_frames = []
-            for i, key in enumerate(layout.keys):
-                late_frames.append(
-                    joined.where(F.col(f"_late{i}")).select(
-                        F.lit(key.name).alias("wm_key"),
-                        _q(layout.origin_id).cast("long").alias("origin_id"),
-                        _q(layout.sequence_number).cast("long").alias("sequence_number"),
-                        _q(layout.chunk_number).cast("long").alias("chunk_number"),
-                        *[_q(name) for name in layout.payload],
-                        F.timestamp_micros(F.col(f"d_thr{i}")).alias("violated_watermark"),
-                        F.col(f"d_reason{i}").alias("reason"),
-                    )
-                )
-            late = late_frames[0]
-            for frame in late_frames[1:]:
-                late = late.unionByName(frame)
-            late.write.parquet(work.late_dir)
-            late_written = True
 
     spec_counts: dict[str, SpecCounts] = {}
     emitted_frames: list[DataFrame] = []
     persisted: list[DataFrame] = []
-    for spec in specs:
+    for s, spec in enumerate(specs):
         i = key_index[spec.wm_key]
         cols = cols_for(spec)
         parts: list[DataFrame] = []
         previous = work.open_state.get(spec.name)
         if previous is not None:
             parts.append(spark.read.parquet(previous))
+        windowed = 0
         if joined is not None:
-            parts.append(partials(joined.where(F.col(f"_on{i}")), spec, cols))
+            extra: list[Column] = []
+            if s == 0:
+                # The batch's counts ride along with the first aggregation's pass over the rows.
+                lo = F.col("d_cid").bitwiseAND(F.lit(0xFFFFFFFF))
+                hi = F.shiftrightunsigned(F.col("d_cid"), 32)
+                extra = [
+                    F.count(F.when(F.col("_first"), 1)).alias("_c_rows"),
+                    as_int(F.col("_tuple")).alias("_c_tuples"),
+                    F.sum(F.when(F.col("_first"), lo)).alias("_c_cid_lo"),
+                    F.sum(F.when(F.col("_first"), hi)).alias("_c_cid_hi"),
+                ]
+                for k in range(nkeys):
+                    extra += [as_int(F.col(f"_{name}{k}")).alias(f"_c_{name}{k}") for name in ("late", "on", "out")]
+                    # Late tuples ride along too (a few per window group), so no second pass reads them.
+                    late_row = F.struct(
+                        _q(layout.origin_id).cast("long").alias("origin_id"),
+                        _q(layout.sequence_number).cast("long").alias("sequence_number"),
+                        _q(layout.chunk_number).cast("long").alias("chunk_number"),
+                        *[_q(name).alias(name) for name in layout.payload],
+                        F.timestamp_micros(F.col(f"d_thr{k}")).alias("violated_watermark"),
+                        F.col(f"d_reason{k}").alias("reason"),
+                    )
+                    extra.append(
+                        F.collect_list(F.when(F.col("_first") & F.col(f"_late{k}"), late_row)).alias(f"_c_x{k}")
+                    )
+            source = joined if s == 0 else joined.where(F.col(f"_on{i}"))
+            fresh = partials(source, spec, cols, on_time=F.col(f"_on{i}"), extra=extra)
+            fresh = fresh.persist(StorageLevel.MEMORY_AND_DISK)
+            persisted.append(fresh)
+            sums = [F.sum("_owned").alias("owned")]
+            if s == 0:
+                sums += [F.sum(c).alias(c) for c in fresh.columns if c.startswith("_c_") and not c.startswith("_c_x")]
+                late_source = fresh
+            total = fresh.agg(*sums).collect()[0]
+            windowed = int(total["owned"] or 0)
+            if s == 0:
+                counts = Counts(
+                    rows=int(total["_c_rows"] or 0),
+                    tuples=int(total["_c_tuples"] or 0),
+                    cid_lo=int(total["_c_cid_lo"] or 0),
+                    cid_hi=int(total["_c_cid_hi"] or 0),
+                    late=tuple(int(total[f"_c_late{k}"] or 0) for k in range(nkeys)),
+                    on_time=tuple(int(total[f"_c_on{k}"] or 0) for k in range(nkeys)),
+                    outside=tuple(int(total[f"_c_out{k}"] or 0) for k in range(nkeys)),
+                )
+            parts.append(fresh.where(F.col("_rows") > 0).drop(*[c for c in fresh.columns if c.startswith("_c_")]))
         if not parts:
             spec_counts[spec.name] = SpecCounts()
             continue
@@ -280,12 +303,30 @@ def run_batch(
         if emitted is not None:
             emitted_frames.append(finalize(merged.where(due), spec, cols, columns))
         spec_counts[spec.name] = SpecCounts(
+            windowed=windowed,
             emitted=int(emitted["n"]) if emitted else 0,
             emitted_owned=int(emitted["owned"]) if emitted else 0,
             open=int(still_open["n"]) if still_open else 0,
             open_owned=int(still_open["owned"]) if still_open else 0,
             open_dir=open_dir,
         )
+
+    late_written = False
+    if late_source is not None and counts is not None and any(n > 0 for n in counts.late):
+        late_frames = []
+        for i, key in enumerate(layout.keys):
+            fields = ["origin_id", "sequence_number", "chunk_number", *layout.payload, "violated_watermark", "reason"]
+            late_frames.append(
+                late_source.select(F.explode(f"_c_x{i}").alias("_r")).select(
+                    F.lit(key.name).alias("wm_key"), *[F.col("_r").getField(name).alias(name) for name in fields]
+                )
+            )
+        late = late_frames[0]
+        for frame in late_frames[1:]:
+            late = late.unionByName(frame)
+        late.write.parquet(work.late_dir)
+        late_written = True
+
     windows_written = False
     if emitted_frames:
         out = emitted_frames[0]
@@ -295,6 +336,4 @@ def run_batch(
         windows_written = True
     for frame in persisted:
         frame.unpersist()
-    return WorkResult(
-        copies=result_copies, specs=spec_counts, windows_written=windows_written, late_written=late_written
-    )
+    return WorkResult(counts=counts, specs=spec_counts, windows_written=windows_written, late_written=late_written)

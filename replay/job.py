@@ -805,6 +805,7 @@ class _Runner:
                     s.name: str(store.root / "state" / f"b{batch:08d}-{token}-open-{s.name}") for s in config.windows
                 },
                 range=(start, end),
+                checked=frozenset((c.origin, c.sequence, c.chunk) for c in [*state.discarded, *discarded]),
             )
             result = run_batch(
                 self.spark, config=config, layout=layout, schema=schema, spark_paths=spark_paths, work=work
@@ -885,35 +886,36 @@ class _Runner:
         nkeys: int,
         batch: int,
     ) -> None:
-        for buf, _ in reads:
-            counts = result.copies.get(buffer_copy_id(buf))
+        """Check what Spark saw against the metadata scan, then add the batch to the ledger."""
+        expected_rows = sum(buf.rows for buf, _ in reads)
+        expected_tuples = sum(buf.tuples for buf, _ in reads)
+        expected_lo = sum(buf.rows * (buffer_copy_id(buf) & 0xFFFFFFFF) for buf, _ in reads)
+        expected_hi = sum(buf.rows * (buffer_copy_id(buf) >> 32) for buf, _ in reads)
+        counts = result.counts
+        if reads and (
+            counts is None
+            or (counts.rows, counts.tuples, counts.cid_lo, counts.cid_hi)
+            != (expected_rows, expected_tuples, expected_lo, expected_hi)
+        ):
             seen = (counts.rows, counts.tuples) if counts else (0, 0)
-            if seen != (buf.rows, buf.tuples):
-                raise LedgerError(
-                    f"Spark read {seen[0]} rows ({seen[1]} tuples) of a buffer copy whose scan counted "
-                    f"{buf.rows} rows ({buf.tuples} tuples)",
-                    where=Location(
-                        file=buf.file,
-                        origin=buf.origin,
-                        sequence=buf.sequence,
-                        chunk=buf.chunk,
-                        extra={"batch": batch, "row": buf.row_start},
-                    ),
-                    todo="the file changed while the run read it; let the archiver finish writing and run again",
-                )
-            assert counts is not None
+            raise LedgerError(
+                f"Spark read {seen[0]} rows ({seen[1]} tuples) of the batch's {len(reads)} buffer copies, whose "
+                f"scan counted {expected_rows} rows ({expected_tuples} tuples), or read other copies than those",
+                where=Location(file=reads[0][0].file, extra={"batch": batch}),
+                todo="a file changed while the run read it: let the archiver finish writing and run again",
+            )
+        for buf, _ in reads:
             ledger.processed_xor ^= buffer_copy_id(buf)
+        if counts is not None:
             for i in range(nkeys):
                 ledger.late[i] += counts.late[i]
                 ledger.outside[i] += counts.outside[i]
                 ledger.no_event[i] += counts.tuples - counts.late[i] - counts.on_time[i] - counts.outside[i]
-            for s, spec in enumerate(config.windows):
-                i = key_index[spec.wm_key]
-                ledger.windowed[spec.name] = ledger.windowed.get(spec.name, 0) + counts.windowed[s]
-                ledger.unwindowed[spec.name] = (
-                    ledger.unwindowed.get(spec.name, 0) + counts.on_time[i] - counts.windowed[s]
-                )
         for name, c in result.specs.items():
+            i = key_index[next(spec.wm_key for spec in config.windows if spec.name == name)]
+            on_time = counts.on_time[i] if counts is not None else 0
+            ledger.windowed[name] = ledger.windowed.get(name, 0) + c.windowed
+            ledger.unwindowed[name] = ledger.unwindowed.get(name, 0) + on_time - c.windowed
             ledger.emitted_owned[name] = ledger.emitted_owned.get(name, 0) + c.emitted_owned
             ledger.emitted_windows[name] = ledger.emitted_windows.get(name, 0) + c.emitted
             ledger.open_owned[name] = c.open_owned

@@ -41,7 +41,6 @@ __all__ = [
     "FLOAT_SUM_TYPE",
     "WindowColumns",
     "finalize",
-    "has_window",
     "merge",
     "output_columns",
     "owner_start",
@@ -95,22 +94,25 @@ def window_columns(df_schema: StructType, *, event_micros: str, key: str, spec: 
     return WindowColumns(event_micros=event_micros, key=key, types=types)
 
 
-def _partial_exprs(spec: WindowSpec, cols: WindowColumns, owned: Column) -> list[Column]:
+def _partial_exprs(spec: WindowSpec, cols: WindowColumns, member: Column, owned: Column) -> list[Column]:
     from pyspark.sql import functions as F
 
-    exprs = [F.count(F.lit(1)).alias("_rows"), F.sum(F.when(owned, 1).otherwise(0)).cast("long").alias("_owned")]
+    def only(value: Column) -> Column:
+        return F.when(member, value)
+
+    exprs = [
+        F.count(only(F.lit(1))).alias("_rows"),
+        F.count(only(F.when(owned, 1))).alias("_owned"),
+    ]
     for i, agg in enumerate(spec.aggregations):
         if agg.column is None:
             continue
-        col = F.col(_q(agg.column))
+        col = only(F.col(_q(agg.column)))
         if agg.fn in ("count", "sum", "mean"):
             exprs.append(F.count(col).alias(f"p{i}_n"))
         if agg.fn in ("sum", "mean"):
-            exprs.append(
-                F.sum(col.cast(_sum_kind(cols.types[agg.column])))
-                .cast(_sum_kind(cols.types[agg.column]))
-                .alias(f"p{i}_s")
-            )
+            kind = _sum_kind(cols.types[agg.column])
+            exprs.append(F.sum(col.cast(kind)).cast(kind).alias(f"p{i}_s"))
         if agg.fn == "min":
             exprs.append(F.min(col).alias(f"p{i}_min"))
         if agg.fn == "max":
@@ -154,25 +156,23 @@ def owner_start(t: Column, spec: WindowSpec, cols: WindowColumns) -> Column:
     return capped - F.pmod(capped - F.lit(offset), F.lit(slide))
 
 
-def has_window(t: Column, spec: WindowSpec, cols: WindowColumns) -> Column:
-    """Whether event time ``t`` falls in at least one window that is produced (always, without a range)."""
-    from pyspark.sql import functions as F
+def partials(
+    rows: DataFrame,
+    spec: WindowSpec,
+    cols: WindowColumns,
+    *,
+    on_time: Column | None = None,
+    extra: Sequence[Column] = (),
+) -> DataFrame:
+    """One partial row per (key, window start) over ``rows``.
 
-    if cols.range_start is None and cols.range_end is None:
-        return F.lit(True)
-    owner = owner_start(t, spec, cols)
-    inside = owner + F.lit(spec.size) > t
-    if cols.range_start is not None:
-        inside = inside & (owner >= F.lit(cols.range_start))
-    return inside
-
-
-def partials(on_time: DataFrame, spec: WindowSpec, cols: WindowColumns) -> DataFrame:
-    """One partial row per (key, window start) over ``on_time`` (tuples with a non-null event time).
-
-    Columns: ``key``, ``window_start`` (long microseconds), ``_rows``, ``_owned`` and the
-    aggregation partials. With a backfill range only windows inside it are kept, and a
-    tuple is owned by the latest of its windows that is kept.
+    Columns: ``key``, ``window_start`` (long microseconds), ``_rows``, ``_owned``, the
+    aggregation partials, then ``extra``. Only rows where ``on_time`` holds (all, by
+    default) enter windows; with a backfill range only windows inside it are kept, and a
+    tuple is owned by the latest of its windows that is kept. The other rows still go
+    through the aggregation, so ``extra`` aggregates can count every row in the same
+    pass: each row appears once with ``_first`` true (sliding windows repeat rows). Groups
+    with ``_rows == 0`` hold no window: callers drop them before merging.
     """
     from pyspark.sql import functions as F
 
@@ -180,20 +180,23 @@ def partials(on_time: DataFrame, spec: WindowSpec, cols: WindowColumns) -> DataF
     t = F.col(_q(cols.event_micros))
     last = t - F.pmod(t - F.lit(offset), F.lit(slide))  # the latest start <= t
     count = -(-size // slide)  # windows per tuple at most: ceil(size / slide)
+    member = F.lit(True) if on_time is None else on_time
     if count == 1:
-        assigned = on_time.withColumn("_start", last)
+        assigned = rows.withColumn("_start", last).withColumn("_first", F.lit(True))
     else:
-        assigned = on_time.withColumn("_j", F.explode(F.sequence(F.lit(0), F.lit(count - 1)))).withColumn(
-            "_start", last - F.col("_j") * F.lit(slide)
+        assigned = (
+            rows.withColumn("_j", F.explode(F.sequence(F.lit(0), F.lit(count - 1))))
+            .withColumn("_start", last - F.col("_j") * F.lit(slide))
+            .withColumn("_first", F.col("_j") == 0)
         )
-        assigned = assigned.where(F.col("_start") + F.lit(size) > t)
+        member = member & (F.col("_start") + F.lit(size) > t)
     if cols.range_start is not None:
-        assigned = assigned.where(F.col("_start") >= F.lit(cols.range_start))
+        member = member & (F.col("_start") >= F.lit(cols.range_start))
     if cols.range_end is not None:
-        assigned = assigned.where(F.col("_start") + F.lit(size) <= F.lit(cols.range_end))
+        member = member & (F.col("_start") + F.lit(size) <= F.lit(cols.range_end))
     owned = F.col("_start") == owner_start(t, spec, cols)
     return assigned.groupBy(F.col(_q(cols.key)).alias("key"), F.col("_start").alias("window_start")).agg(
-        *_partial_exprs(spec, cols, owned)
+        *_partial_exprs(spec, cols, member, owned), *extra
     )
 
 

@@ -110,7 +110,13 @@ class WorkResult:
     late_written: bool = False
 
 
-def _decision_frame(spark: SparkSession, work: BatchWork, spark_paths: Mapping[str, str], nkeys: int) -> DataFrame:
+def _decision_frame(
+    spark: SparkSession,
+    reads: Sequence[tuple[Buffer, Decision]],
+    work: BatchWork,
+    spark_paths: Mapping[str, str],
+    nkeys: int,
+) -> DataFrame:
     from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
     fields = [
@@ -126,7 +132,7 @@ def _decision_frame(spark: SparkSession, work: BatchWork, spark_paths: Mapping[s
     for i in range(nkeys):
         fields += [StructField(f"d_thr{i}", LongType(), False), StructField(f"d_reason{i}", StringType(), False)]
     rows = []
-    for buf, decision in work.reads:
+    for buf, decision in reads:
         row: list[object] = [
             spark_paths.get(buf.file, buf.file),
             buf.origin,
@@ -188,24 +194,28 @@ def run_batch(
     def as_int(flag: Column) -> Column:
         return F.count(F.when(F.col("_first") & flag, 1))
 
-    joined: DataFrame | None = None
-    late_source: DataFrame | None = None
-    counts: Counts | None = None
-    if work.reads:
-        files = sorted({spark_paths.get(buf.file, buf.file) for buf, _ in work.reads})
+    def build(reads: Sequence[tuple[Buffer, Decision]]) -> DataFrame:
+        """The rows of ``reads`` with their decision, event times in microseconds and per-key flags."""
+        files = sorted({spark_paths.get(buf.file, buf.file) for buf, _ in reads})
         raw = spark.read.schema(schema).parquet(*files)
-        rows = raw.select("*", F.col("_metadata.file_path").alias("_file"), F.col("_metadata.row_index").alias("_row"))
-        decisions = _decision_frame(spark, work, spark_paths, nkeys)
-        # Equi-join on the identity; only identities with other copies need the file and row check.
-        joined = rows.join(
-            F.broadcast(decisions),
+        decisions = _decision_frame(spark, reads, work, spark_paths, nkeys)
+        on_identity = (
             (_q(layout.origin_id).cast("long") == F.col("d_origin"))
             & (_q(layout.sequence_number).cast("long") == F.col("d_sequence"))
-            & (_q(layout.chunk_number).cast("long") == F.col("d_chunk")),
-        ).where(
-            ~F.col("d_check")
-            | ((F.col("_file") == F.col("d_file")) & F.col("_row").between(F.col("d_lo"), F.col("d_hi")))
+            & (_q(layout.chunk_number).cast("long") == F.col("d_chunk"))
         )
+        if any(buf.identity in work.checked for buf, _ in reads):
+            # Some of these buffers have other copies: match rows by file and row range too.
+            rows = raw.select(
+                "*", F.col("_metadata.file_path").alias("_file"), F.col("_metadata.row_index").alias("_row")
+            )
+            joined = rows.join(F.broadcast(decisions), on_identity).where(
+                ~F.col("d_check")
+                | ((F.col("_file") == F.col("d_file")) & F.col("_row").between(F.col("d_lo"), F.col("d_hi")))
+            )
+        else:
+            # Every buffer read has a single copy in the archive: its identity names its rows.
+            joined = raw.join(F.broadcast(decisions), on_identity)
         punctuation = _q(layout.key).isNull()
         for i, key in enumerate(layout.keys):
             joined = joined.withColumn(f"_ev{i}", time_micros(raw, key.event_time, layout.time_columns[key.event_time]))
@@ -223,7 +233,10 @@ def run_batch(
                 (inside & (ev >= F.col(f"d_thr{i}"))).alias(f"_on{i}"),
                 (ev.isNotNull() & ~inside).alias(f"_out{i}"),
             ]
-        joined = joined.select("*", (~punctuation).alias("_tuple"), *flags)
+        return joined.select("*", (~punctuation).alias("_tuple"), *flags)
+
+    joined = build(work.reads) if work.reads else None
+    counts: Counts | None = None
 
     spec_counts: dict[str, SpecCounts] = {}
     emitted_frames: list[DataFrame] = []
@@ -250,26 +263,13 @@ def run_batch(
                 ]
                 for k in range(nkeys):
                     extra += [as_int(F.col(f"_{name}{k}")).alias(f"_c_{name}{k}") for name in ("late", "on", "out")]
-                    # Late tuples ride along too (a few per window group), so no second pass reads them.
-                    late_row = F.struct(
-                        _q(layout.origin_id).cast("long").alias("origin_id"),
-                        _q(layout.sequence_number).cast("long").alias("sequence_number"),
-                        _q(layout.chunk_number).cast("long").alias("chunk_number"),
-                        *[_q(name).alias(name) for name in layout.payload],
-                        F.timestamp_micros(F.col(f"d_thr{k}")).alias("violated_watermark"),
-                        F.col(f"d_reason{k}").alias("reason"),
-                    )
-                    extra.append(
-                        F.collect_list(F.when(F.col("_first") & F.col(f"_late{k}"), late_row)).alias(f"_c_x{k}")
-                    )
             source = joined if s == 0 else joined.where(F.col(f"_on{i}"))
             fresh = partials(source, spec, cols, on_time=F.col(f"_on{i}"), extra=extra)
             fresh = fresh.persist(StorageLevel.MEMORY_AND_DISK)
             persisted.append(fresh)
             sums = [F.sum("_owned").alias("owned")]
             if s == 0:
-                sums += [F.sum(c).alias(c) for c in fresh.columns if c.startswith("_c_") and not c.startswith("_c_x")]
-                late_source = fresh
+                sums += [F.sum(c).alias(c) for c in fresh.columns if c.startswith("_c_")]
             total = fresh.agg(*sums).collect()[0]
             windowed = int(total["owned"] or 0)
             if s == 0:
@@ -286,8 +286,11 @@ def run_batch(
         if not parts:
             spec_counts[spec.name] = SpecCounts()
             continue
-        merged = merge(parts, spec, cols).persist(StorageLevel.MEMORY_AND_DISK)
-        persisted.append(merged)
+        if len(parts) == 1 and previous is None:
+            merged = parts[0]  # nothing carried in: this batch's partials are already one row per window
+        else:
+            merged = merge(parts, spec, cols).persist(StorageLevel.MEMORY_AND_DISK)
+            persisted.append(merged)
         due = F.col("window_start") + F.lit(spec.size) <= F.lit(work.effective[i])
         stats = {
             bool(r["due"]): r
@@ -312,13 +315,25 @@ def run_batch(
         )
 
     late_written = False
-    if late_source is not None and counts is not None and any(n > 0 for n in counts.late):
+    if counts is not None and any(n > 0 for n in counts.late):
+        # Only copies whose smallest event time is below their threshold can hold a late tuple.
+        candidates = [
+            (buf, d)
+            for buf, d in work.reads
+            if any(lo is not None and lo < thr for lo, thr in zip(buf.min_event, d.thresholds, strict=True))
+        ]
+        source = build(candidates)
         late_frames = []
         for i, key in enumerate(layout.keys):
-            fields = ["origin_id", "sequence_number", "chunk_number", *layout.payload, "violated_watermark", "reason"]
             late_frames.append(
-                late_source.select(F.explode(f"_c_x{i}").alias("_r")).select(
-                    F.lit(key.name).alias("wm_key"), *[F.col("_r").getField(name).alias(name) for name in fields]
+                source.where(F.col(f"_late{i}")).select(
+                    F.lit(key.name).alias("wm_key"),
+                    _q(layout.origin_id).cast("long").alias("origin_id"),
+                    _q(layout.sequence_number).cast("long").alias("sequence_number"),
+                    _q(layout.chunk_number).cast("long").alias("chunk_number"),
+                    *[_q(name) for name in layout.payload],
+                    F.timestamp_micros(F.col(f"d_thr{i}")).alias("violated_watermark"),
+                    F.col(f"d_reason{i}").alias("reason"),
                 )
             )
         late = late_frames[0]

@@ -13,9 +13,11 @@ per-tuple operation inside Spark:
 
 Every partial is exactly mergeable, so results do not depend on how a run was
 cut into batches: counts and integer sums are 64-bit integers, sums of
-floating-point columns are carried as ``DECIMAL(38, 12)`` (exact addition, so
-the order of the tuples cannot change a bit of the result; a value of 1e26 or
-more is an arithmetic error), ``min``/``max`` are the column's own type, ``mean``
+floating-point columns are carried as two 64-bit integer sums, of the values'
+integer parts and of their fractional parts in units of 1e-9 (exact addition
+in fast integer arithmetic, so the order of the tuples cannot change a bit of
+the result; each value's fraction is rounded to 1e-9, and an integer sum beyond
++-9.2e18 is an arithmetic error), ``min``/``max`` are the column's own type, ``mean``
 is a sum and a count, and ``approx_count_distinct`` carries the set of distinct
 values (it is exact; see docs/semantics.md).
 
@@ -48,7 +50,8 @@ __all__ = [
     "window_columns",
 ]
 
-FLOAT_SUM_TYPE = "decimal(38,12)"
+FLOAT_SUM_TYPE = "fixed"
+FRACTION_SCALE = 1_000_000_000  # a float's fractional part is added in units of 1e-9
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,9 +86,7 @@ def _sum_kind(data_type: DataType) -> str:
 
 
 def _is_float(data_type: DataType) -> bool:
-    from pyspark.sql.types import DecimalType
-
-    return _sum_kind(data_type) == FLOAT_SUM_TYPE and not isinstance(data_type, DecimalType)
+    return _sum_kind(data_type) == FLOAT_SUM_TYPE
 
 
 def window_columns(df_schema: StructType, *, event_micros: str, key: str, spec: WindowSpec) -> WindowColumns:
@@ -112,7 +113,15 @@ def _partial_exprs(spec: WindowSpec, cols: WindowColumns, member: Column, owned:
             exprs.append(F.count(col).alias(f"p{i}_n"))
         if agg.fn in ("sum", "mean"):
             kind = _sum_kind(cols.types[agg.column])
-            exprs.append(F.sum(col.cast(kind)).cast(kind).alias(f"p{i}_s"))
+            if kind == FLOAT_SUM_TYPE:
+                # Exact and order-independent, in 64-bit integer arithmetic: the integer parts, and
+                # the fractional parts rounded to 1e-9 (see the module docstring).
+                whole = F.floor(col)
+                exprs.append(F.sum(whole.cast("long")).alias(f"p{i}_s"))
+                fraction = F.round((col - whole) * F.lit(float(FRACTION_SCALE))).cast("long")
+                exprs.append(F.sum(fraction).alias(f"p{i}_f"))
+            else:
+                exprs.append(F.sum(col.cast(kind)).cast(kind).alias(f"p{i}_s"))
         if agg.fn == "min":
             exprs.append(F.min(col).alias(f"p{i}_min"))
         if agg.fn == "max":
@@ -132,7 +141,12 @@ def _merge_exprs(spec: WindowSpec, cols: WindowColumns) -> list[Column]:
         if agg.fn in ("count", "sum", "mean"):
             exprs.append(F.sum(f"p{i}_n").cast("long").alias(f"p{i}_n"))
         if agg.fn in ("sum", "mean"):
-            exprs.append(F.sum(f"p{i}_s").cast(_sum_kind(cols.types[agg.column])).alias(f"p{i}_s"))
+            kind = _sum_kind(cols.types[agg.column])
+            if kind == FLOAT_SUM_TYPE:
+                exprs.append(F.sum(f"p{i}_s").cast("long").alias(f"p{i}_s"))
+                exprs.append(F.sum(f"p{i}_f").cast("long").alias(f"p{i}_f"))
+            else:
+                exprs.append(F.sum(f"p{i}_s").cast(kind).alias(f"p{i}_s"))
         if agg.fn == "min":
             exprs.append(F.min(f"p{i}_min").alias(f"p{i}_min"))
         if agg.fn == "max":
@@ -209,6 +223,17 @@ def merge(parts: Sequence[DataFrame], spec: WindowSpec, cols: WindowColumns) -> 
     return union.groupBy("key", "window_start").agg(*_merge_exprs(spec, cols))
 
 
+def _exact_total(i: int, data_type: DataType) -> Column:
+    """The sum of partial ``i``: for floats, the exact integer sums combined as a double (a function
+    of the two integers only, so still independent of the order of the tuples)."""
+    from pyspark.sql import functions as F
+
+    if not _is_float(data_type):
+        return F.col(f"p{i}_s")
+    fraction = F.col(f"p{i}_f").cast("double") / F.lit(float(FRACTION_SCALE))
+    return F.col(f"p{i}_s").cast("double") + fraction
+
+
 def _final(agg: Aggregation, i: int, cols: WindowColumns) -> Column:
     from pyspark.sql import functions as F
 
@@ -217,12 +242,13 @@ def _final(agg: Aggregation, i: int, cols: WindowColumns) -> Column:
     if agg.fn == "count":
         return F.col(f"p{i}_n")
     if agg.fn == "sum":
-        total = F.col(f"p{i}_s")
+        total = _exact_total(i, cols.types[agg.column])
         if _is_float(cols.types[agg.column]):
             total = total.cast("double")
         return F.when(F.col(f"p{i}_n") > 0, total)
     if agg.fn == "mean":
-        return F.when(F.col(f"p{i}_n") > 0, F.col(f"p{i}_s").cast("double") / F.col(f"p{i}_n").cast("double"))
+        total = _exact_total(i, cols.types[agg.column])
+        return F.when(F.col(f"p{i}_n") > 0, total.cast("double") / F.col(f"p{i}_n").cast("double"))
     if agg.fn == "min":
         return F.col(f"p{i}_min")
     if agg.fn == "max":

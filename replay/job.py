@@ -21,6 +21,7 @@ redoes an uncommitted batch with the same cut, after deleting its staged files.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -508,10 +509,7 @@ def run(
     checkpoint = config.checkpoint or default_checkpoint(output, start, end)
     store = CheckpointStore(checkpoint)
     result_fields = config.fingerprint_fields() | {"range": [format_ts(start), format_ts(end)]}
-    fingerprint = json.dumps(result_fields, sort_keys=True)
-    import hashlib
-
-    fingerprint = hashlib.sha256(fingerprint.encode()).hexdigest()
+    fingerprint = hashlib.sha256(json.dumps(result_fields, sort_keys=True).encode()).hexdigest()
 
     def event(step: str, done: int, total: int) -> None:
         if on_event is not None:

@@ -158,8 +158,8 @@ def _merge_exprs(spec: WindowSpec, cols: WindowColumns) -> list[Column]:
 
 def owner_start(t: Column, spec: WindowSpec, cols: WindowColumns) -> Column:
     """The start of the window that owns event time ``t``: its latest window, or with a backfill
-    range the latest one ending by ``range_end``. The window holds ``t`` only when
-    ``has_window`` says so (a tuple near a range edge may have no window inside the range)."""
+    range the latest one ending by ``range_end`` (which may not hold ``t``: a tuple near a range
+    edge may have no window inside the range, and then no window owns it)."""
     from pyspark.sql import functions as F
 
     slide, offset = spec.effective_slide, spec.offset

@@ -116,3 +116,36 @@ def test_entry_point_json_is_pure(tmp_path: Path) -> None:
 def test_version() -> None:
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0 and result.stdout.startswith("replay 0.")
+
+
+@pytest.mark.spark
+def test_run_status_digest_show_and_their_errors(tmp_path: Path, spark: Any) -> None:
+    archive = tmp_path / "archive"
+    assert runner.invoke(app, ["generate", str(archive), *GENERATE]).exit_code == 0
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"archive: {archive}\noutput: {tmp_path / 'out'}\ncheckpoint: {tmp_path / 'ckpt'}\n"
+        "windows: [{name: w, size: 500ms, aggregations: [{fn: count}, {fn: max, column: value}]}]\n"
+    )
+    result = runner.invoke(app, ["run", "--config", str(job), "--max-buffers", "20", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["version"] == 1 and summary["batches"] > 1 and summary["duplicate_copies"] == 2
+    status = runner.invoke(app, ["status", "--checkpoint", str(tmp_path / "ckpt"), "--json"])
+    assert status.exit_code == 0, status.output
+    data = json.loads(status.stdout)
+    assert data["finished"] and data["versions"] == [1] and set(data["stream_cut"]) == {"1", "2", "3"}
+    assert data["keys"][0]["key"] == "default" and data["open_windows"]["w"] >= 0
+    assert [len(g) for g in data["gaps"]] == [2, 2]  # the two generated gaps, as [origin, sequence]
+    digest = runner.invoke(app, ["digest", str(tmp_path / "out"), "--version", "1"])
+    assert digest.exit_code == 0 and len(digest.stdout.splitlines()) == 4
+    show = runner.invoke(app, ["show", str(tmp_path / "out"), "--table", "integrity", "--format", "csv"])
+    assert show.exit_code == 0 and show.stdout.splitlines()[0].startswith("kind,origin_id")
+    assert sum(line.startswith("duplicate,") for line in show.stdout.splitlines()) == 2
+    # Usage and configuration errors exit 2, with the error's code on stderr.
+    bad = runner.invoke(app, ["show", str(tmp_path / "out"), "--table", "windows", "--format", "xml"])
+    assert bad.exit_code == 2 and "output.bad_format" in bad.stderr
+    assert runner.invoke(app, ["digest", str(tmp_path / "out"), "--version", "9"]).exit_code == 2
+    missing = runner.invoke(app, ["status", "--checkpoint", str(tmp_path / "nothing")])
+    assert missing.exit_code == 2 and "checkpoint.missing" in missing.stderr
+    assert runner.invoke(app, ["run", "--config", str(job), "--start", "yesterday"]).exit_code == 2

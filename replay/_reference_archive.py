@@ -212,6 +212,15 @@ def _resolve_keys(config: JobConfig, archive_columns: Sequence[str]) -> dict[str
             watermark=watermark,
             allowed_lateness=key.allowed_lateness,
         )
+    for spec in config.windows:  # SPEC section 10: an unknown column is a configuration error
+        for agg in spec.aggregations:
+            if agg.column is not None and cols.resolve(agg.column) not in archive_columns:
+                raise ConfigError(
+                    what=f"window {spec.name!r} aggregates column {agg.column!r}, which the archive lacks",
+                    todo="name one of the archive's columns",
+                    where=Location(column=agg.column, field=f"windows.{spec.name}.aggregations"),
+                    code="config.unknown_column",
+                )
     return keys
 
 

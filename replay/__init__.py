@@ -7,40 +7,59 @@ The public API is listed here once; everything else is internal. Importing
 from __future__ import annotations
 
 from replay.config import JobConfig, json_schema, load_config, parse_config
+from replay.digest import digest, show_lines
 from replay.errors import (
     ArchiveReadError,
     ArchiveSchemaError,
     BadBufferError,
+    CheckpointStateError,
+    ConcurrentWriterError,
     ConfigError,
     ConflictingDuplicateError,
     DataError,
     EmptyArchiveError,
+    IncompatibleCheckpointError,
+    LedgerError,
     ReplayError,
     WatermarkRegressionError,
 )
 from replay.generate import GenerateOptions, GenerateSummary, generate_archive
 from replay.inspection import InspectReport, inspect_archive
+from replay.job import RunSummary, run
+from replay.outputs import list_versions, read_table
 from replay.progress import ProgressEngine, ProgressSnapshot
+from replay.status import checkpoint_status
 
 __all__ = [
     "ArchiveReadError",
     "ArchiveSchemaError",
     "BadBufferError",
+    "CheckpointStateError",
+    "ConcurrentWriterError",
     "ConfigError",
     "ConflictingDuplicateError",
     "DataError",
     "EmptyArchiveError",
     "GenerateOptions",
     "GenerateSummary",
+    "IncompatibleCheckpointError",
     "InspectReport",
     "JobConfig",
+    "LedgerError",
     "ProgressEngine",
     "ProgressSnapshot",
     "ReplayError",
+    "RunSummary",
     "WatermarkRegressionError",
+    "checkpoint_status",
+    "digest",
     "generate_archive",
     "inspect_archive",
     "json_schema",
+    "list_versions",
     "load_config",
     "parse_config",
+    "read_table",
+    "run",
+    "show_lines",
 ]

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from replay.checkpoint import FORMAT_VERSION, fsync_dir
@@ -148,6 +147,8 @@ def read_table(output: str | Path, table: str, version: int | None = None) -> pa
     Raises:
         ConfigError: an unknown table name, or no such version.
     """
+    import pyarrow.dataset as ds  # here: it pulls in pandas, which importing replay must not
+
     if table not in TABLES:
         raise ConfigError(
             f"unknown table {table!r}",

@@ -5,8 +5,9 @@ buffer copies the batch reads and the lateness threshold of each one's tuples pe
 key. This module turns that into Spark work over the archive's rows, without a
 Python UDF and without a tuple reaching the driver:
 
-- the batch's copies join the rows by (file, identity) and row range, so a
-  discarded duplicate copy is never read as data;
+- the batch's copies join the rows by identity, and by file and row range too
+  where a buffer has other copies, so a discarded duplicate copy is never read
+  as data;
 - per key, a tuple is late (``event_time < threshold``), on time, or has no event
   time for the key (or, in a backfill, one outside the range);
 - late tuples are written to the ``late`` table; on-time ones are reduced to
@@ -14,9 +15,10 @@ Python UDF and without a tuple reaching the driver:
 - windows whose end the effective watermark has reached are written to the
   ``windows`` table, the others become the next open-window state.
 
-What comes back to the driver is small: per copy, its row and tuple counts and
-per-key late/on-time counts (which the ledger checks), and per window aggregation
-the number of windows emitted and kept open and the tuples they own.
+What comes back to the driver is small: the batch's row and tuple counts, a
+checksum of its copy ids and per-key late/on-time counts (which the ledger
+checks), and per window aggregation the number of windows emitted and kept open
+and the tuples they own.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from replay.archive import ArchiveLayout
 from replay.buffers import Buffer, time_micros
 from replay.config import JobConfig, WindowSpec
 from replay.progress import Decision
-from replay.windows import WindowColumns, finalize, merge, output_columns, partials
+from replay.windows import WindowColumns, aggregated_types, finalize, merge, output_columns, partials
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -178,7 +180,7 @@ def run_batch(
     nkeys = len(layout.keys)
     key_index = {k.name: i for i, k in enumerate(layout.keys)}
     specs: list[WindowSpec] = list(config.windows)
-    agg_types = {name: schema[name].dataType for spec in specs for a in spec.aggregations if (name := a.column)}
+    agg_types = aggregated_types(specs, schema)
     columns = output_columns(specs, agg_types)
     range_start, range_end = work.range
 

@@ -107,10 +107,6 @@ class CheckpointStore:
 
     # -- identity -----------------------------------------------------------------------------
 
-    @property
-    def exists(self) -> bool:
-        return (self.root / "checkpoint.json").exists()
-
     def identity(self) -> dict[str, Any] | None:
         path = self.root / "checkpoint.json"
         return _read_json(path) if path.exists() else None

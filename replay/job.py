@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 from replay import _state
 from replay.aggregate import BatchWork, WorkResult, buffer_copy_id, copy_id, run_batch
 from replay.archive import ArchiveLayout, discover_files, inspect_schema, local_path, resolve_lateness
-from replay.buffers import Buffer, scan_buffers
+from replay.buffers import Buffer, Conflict, DuplicateCopy, scan_buffers
 from replay.checkpoint import CheckpointStore, LockInfo
 from replay.config import JobConfig
 from replay.errors import (
@@ -153,6 +153,22 @@ def _new_engine(config: JobConfig, layout: ArchiveLayout, mode: str) -> Progress
         watermark_regression=config.watermark_regression,
         idle_timeout=config.idle_timeout,
         strict=True,
+    )
+
+
+def _discard(
+    kind: str, copy: Buffer | DuplicateCopy | Conflict, file: str, row_start: int, tuples: int, kept_file: str
+) -> _state.Discarded:
+    """The record of a copy that was read but not kept (``kind``: duplicate or conflict)."""
+    return _state.Discarded(
+        kind=kind,
+        origin=copy.origin,
+        sequence=copy.sequence,
+        chunk=copy.chunk,
+        file=file,
+        row_start=row_start,
+        tuples=tuples,
+        kept_file=kept_file,
     )
 
 
@@ -639,55 +655,23 @@ class _Runner:
                     todo="find out which copy is right and remove the other, or set 'on_conflict: keep_first' "
                     "to keep the replayed copy (the conflict is still reported)",
                 )
-            discarded.append(
-                _state.Discarded(
-                    kind=kind,
-                    origin=buf.origin,
-                    sequence=buf.sequence,
-                    chunk=buf.chunk,
-                    file=buf.file,
-                    row_start=buf.row_start,
-                    tuples=buf.tuples,
-                    kept_file=known.file,
-                )
-            )
+            discarded.append(_discard(kind, buf, buf.file, buf.row_start, buf.tuples, known.file))
         for dup in scan.duplicates:
             if (dup.file, dup.row_start) not in state.known_copies:
-                discarded.append(
-                    _state.Discarded(
-                        kind="duplicate",
-                        origin=dup.origin,
-                        sequence=dup.sequence,
-                        chunk=dup.chunk,
-                        file=dup.file,
-                        row_start=dup.row_start,
-                        tuples=dup.tuples,
-                        kept_file=dup.kept_file,
-                    )
-                )
+                discarded.append(_discard("duplicate", dup, dup.file, dup.row_start, dup.tuples, dup.kept_file))
         for con in scan.conflicts:
             if (con.other_file, con.other_row) not in state.known_copies:
                 discarded.append(
-                    _state.Discarded(
-                        kind="conflict",
-                        origin=con.origin,
-                        sequence=con.sequence,
-                        chunk=con.chunk,
-                        file=con.other_file,
-                        row_start=con.other_row,
-                        tuples=con.other_tuples,
-                        kept_file=con.kept_file,
-                    )
+                    _discard("conflict", con, con.other_file, con.other_row, con.other_tuples, con.kept_file)
                 )
 
         if mode == "arrival":
-            new = arrival_order(new)
             clock = state.engine.clock
             if clock is not None:
                 # Buffers that reach an incremental run with an ingest_ts before the checkpoint's
                 # clock arrive now, for the replay (docs/semantics.md).
                 new = [b if b.ingest is None or b.ingest >= clock else replace(b, ingest=clock) for b in new]
-                new = arrival_order(new)
+            new = arrival_order(new)
         else:
             new = sorted(new, key=lambda b: (b.sequence, b.origin, b.chunk))
 
@@ -923,11 +907,9 @@ class _Runner:
         from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
-        from replay.windows import output_columns
+        from replay.windows import aggregated_types, output_columns
 
-        agg_types = {
-            a.column: schema[a.column].dataType for s in self.config.windows for a in s.aggregations if a.column
-        }
+        agg_types = aggregated_types(self.config.windows, schema)
         windows = StructType(
             [
                 StructField("window", StringType(), False),

@@ -42,12 +42,12 @@ if TYPE_CHECKING:
 __all__ = [
     "FLOAT_SUM_TYPE",
     "WindowColumns",
+    "aggregated_types",
     "finalize",
     "merge",
     "output_columns",
     "owner_start",
     "partials",
-    "window_columns",
 ]
 
 FLOAT_SUM_TYPE = "fixed"
@@ -89,10 +89,9 @@ def _is_float(data_type: DataType) -> bool:
     return _sum_kind(data_type) == FLOAT_SUM_TYPE
 
 
-def window_columns(df_schema: StructType, *, event_micros: str, key: str, spec: WindowSpec) -> WindowColumns:
-    """The ``WindowColumns`` of ``spec`` for a DataFrame with schema ``df_schema``."""
-    types = {a.column: df_schema[a.column].dataType for a in spec.aggregations if a.column is not None}
-    return WindowColumns(event_micros=event_micros, key=key, types=types)
+def aggregated_types(specs: Sequence[WindowSpec], schema: StructType) -> dict[str, DataType]:
+    """The Spark type of every column the window aggregations ``specs`` aggregate, from ``schema``."""
+    return {a.column: schema[a.column].dataType for spec in specs for a in spec.aggregations if a.column is not None}
 
 
 def _partial_exprs(spec: WindowSpec, cols: WindowColumns, member: Column, owned: Column) -> list[Column]:
@@ -270,13 +269,13 @@ def output_columns(specs: Sequence[WindowSpec], types: dict[str, DataType]) -> l
             elif agg.fn == "mean":
                 out[agg.output_name] = DoubleType()
             elif agg.fn == "sum":
-                kind = _sum_kind(types[agg.column])
-                if kind == "long":
-                    out[agg.output_name] = LongType()
-                elif kind == FLOAT_SUM_TYPE and _is_float(types[agg.column]):
+                column_type = types[agg.column]
+                if isinstance(column_type, DecimalType):
+                    out[agg.output_name] = DecimalType(38, column_type.scale)
+                elif _is_float(column_type):
                     out[agg.output_name] = DoubleType()
                 else:
-                    out[agg.output_name] = DecimalType(38, int(kind.split(",")[1].rstrip(")")))
+                    out[agg.output_name] = LongType()
             else:
                 out[agg.output_name] = types[agg.column]
     return list(out.items())

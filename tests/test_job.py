@@ -8,8 +8,9 @@ lock tests live in ``test_job_crash.py``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,47 +62,32 @@ def digests(config: JobConfig) -> dict[str, str]:
     return {t: found[t] for t in DETERMINISTIC}
 
 
+def _generated(factory: pytest.TempPathFactory, name: str, **options: Any) -> Path:
+    """A small generated archive with gaps, duplicates, late data and chunked sequences."""
+    path = factory.mktemp("archive") / name
+    base: dict[str, Any] = {
+        "origins": 3,
+        "tuples": 800,
+        "buffer_tuples": 40,
+        "keys": 7,
+        "gaps": 1,
+        "duplicates": 2,
+        "late_fraction": 0.05,
+        "multi_chunk_fraction": 0.3,
+        "files": 3,
+    }
+    generate_archive(path, GenerateOptions(**(base | options)))
+    return path
+
+
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("archive") / "a"
-    generate_archive(
-        path,
-        GenerateOptions(
-            origins=3,
-            tuples=800,
-            buffer_tuples=40,
-            keys=7,
-            seed=11,
-            gaps=1,
-            duplicates=2,
-            late_fraction=0.05,
-            multi_chunk_fraction=0.3,
-            files=3,
-        ),
-    )
-    return path
+    return _generated(tmp_path_factory, "a", seed=11)
 
 
 @pytest.fixture(scope="module")
 def origin_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("archive") / "o"
-    generate_archive(
-        path,
-        GenerateOptions(
-            origins=3,
-            tuples=800,
-            buffer_tuples=40,
-            keys=7,
-            seed=5,
-            gaps=1,
-            duplicates=2,
-            late_fraction=0.05,
-            multi_chunk_fraction=0.3,
-            files=3,
-            ingest_ts=False,
-        ),
-    )
-    return path
+    return _generated(tmp_path_factory, "o", seed=5, ingest_ts=False)
 
 
 @pytest.fixture
@@ -216,17 +202,8 @@ def test_an_incompatible_configuration_is_refused_naming_the_fields(archive: Pat
     run(config.with_overrides(micro_batch={"max_buffers": 2}, retain=3), spark=spark)
 
 
-def _in_range(lines: list[str], start: str, end: str, columns: tuple[str, str]) -> list[str]:
-    import json
-
-    lo, hi = parse_timestamp(start), parse_timestamp(end)
-    kept = []
-    for line in lines:
-        row = json.loads(line)
-        a, b = (parse_timestamp(row[c]) for c in columns)
-        if a >= lo and b <= hi:
-            kept.append(line)
-    return kept
+def _rows_where(lines: list[str], keep: Callable[[dict[str, Any]], bool]) -> list[str]:
+    return [line for line in lines if keep(json.loads(line))]
 
 
 def test_a_backfill_range_gives_exactly_the_full_runs_windows_inside_it(
@@ -240,15 +217,16 @@ def test_a_backfill_range_gives_exactly_the_full_runs_windows_inside_it(
     summary = run(ranged, start=parse_timestamp(start), end=parse_timestamp(end), spark=spark)
     assert summary.windows_emitted > 0
     assert ranged.output is not None
+    lo, hi = parse_timestamp(start), parse_timestamp(end)
     windows = canonical_lines(read_table(ranged.output, "windows"), precise=True)
-    expected = _in_range(
-        canonical_lines(read_table(full.output, "windows"), precise=True), start, end, ("window_start", "window_end")
+    expected = _rows_where(
+        canonical_lines(read_table(full.output, "windows"), precise=True),
+        lambda r: parse_timestamp(r["window_start"]) >= lo and parse_timestamp(r["window_end"]) <= hi,
     )
     assert windows == expected and windows
     late = canonical_lines(read_table(ranged.output, "late"), precise=True)
-    expected_late = _in_range(
-        canonical_lines(read_table(full.output, "late"), precise=True), start, end, ("event_time", "event_time")
+    expected_late = _rows_where(
+        canonical_lines(read_table(full.output, "late"), precise=True),
+        lambda r: lo <= parse_timestamp(r["event_time"]) < hi,  # [start, end) for tuples
     )
-    # event_time < end is strict for tuples: drop the ones exactly at the end
-    expected_late = [line for line in expected_late if f'"event_time":"{end[:-1]}' not in line]
     assert late == expected_late and late

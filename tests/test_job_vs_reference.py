@@ -84,7 +84,7 @@ def job_view(config: JobConfig, spark: Any) -> dict[str, Any]:
                 repr(r["key"]),
                 _plain(r["window_start"]),
                 _plain(r["window_end"]),
-                tuple(sorted((n, r[n]) for n in names if r.get(n) is not None or n in r)),
+                tuple(sorted((n, r[n]) for n in names)),
             )
             for r in windows
         ),

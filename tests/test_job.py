@@ -21,7 +21,7 @@ import pytest
 
 from replay.config import JobConfig, parse_config
 from replay.digest import canonical_lines, digest
-from replay.errors import IncompatibleCheckpointError
+from replay.errors import ConflictingDuplicateError, IncompatibleCheckpointError
 from replay.generate import GenerateOptions, generate_archive
 from replay.job import run
 from replay.outputs import read_table
@@ -230,3 +230,68 @@ def test_a_backfill_range_gives_exactly_the_full_runs_windows_inside_it(
         lambda r: lo <= parse_timestamp(r["event_time"]) < hi,  # [start, end) for tuples
     )
     assert late == expected_late and late
+
+
+def _redeliver(source: Path, target: Path, *, change: bool) -> tuple[int, int, int]:
+    """Write ``target``: the rows of one single-copy buffer of ``source``, archived again later
+    (ingest one hour on); with ``change``, one value differs. Returns the buffer's identity."""
+    table = pa.concat_tables([pq.read_table(p) for p in sorted(source.glob("*.parquet"))])
+    ids = [
+        (o, s, c)
+        for o, s, c in zip(
+            table["origin_id"].to_pylist(),
+            table["sequence_number"].to_pylist(),
+            table["chunk_number"].to_pylist(),
+            strict=True,
+        )
+    ]
+    counts: dict[tuple[int, int, int], int] = {}
+    for identity in ids:
+        counts[identity] = counts.get(identity, 0) + 1
+    sizes = sorted({n for n in counts.values()})
+    # A buffer whose rows appear once (no copy of it in the archive) and that holds tuples.
+    chosen = next(i for i in sorted(counts) if counts[i] == sizes[-1] and ids.count(i) == counts[i])
+    mask = pa.array([i == chosen for i in ids])
+    rows = table.filter(mask)
+    later = pc.add(rows["ingest_ts"].cast(pa.int64()), 3_600_000_000).cast(rows.schema.field("ingest_ts").type)
+    rows = rows.set_column(rows.schema.get_field_index("ingest_ts"), "ingest_ts", later)
+    if change:
+        values = rows["value"].to_pylist()
+        values[0] = (values[0] or 0) + 1
+        rows = rows.set_column(rows.schema.get_field_index("value"), "value", pa.array(values, rows["value"].type))
+    pq.write_table(rows, target)
+    return chosen
+
+
+@pytest.mark.parametrize("change", [False, True], ids=["identical", "different"])
+def test_a_buffer_archived_again_in_a_later_run_is_a_duplicate_or_a_conflict(
+    archive: Path, tmp_path: Path, spark: Any, change: bool
+) -> None:
+    growing = tmp_path / "growing"
+    shutil.copytree(archive, growing)
+    incremental = job(growing, tmp_path / "inc", on_conflict="keep_first")
+    run(incremental, spark=spark)
+    # The replayed copy was hashed only if it had another copy then: this one had none.
+    identity = _redeliver(archive, growing / "zz-again.parquet", change=change)
+    second = run(incremental, spark=spark)
+    assert second.buffers == 0  # nothing new to replay: the copy is discarded
+    assert incremental.output is not None
+    integrity = [json.loads(line) for line in canonical_lines(read_table(incremental.output, "integrity"), precise=True)]
+    again = [r for r in integrity if (r["file"] or "").endswith("zz-again.parquet")]
+    assert len(again) == 1, integrity
+    assert again[0]["kind"] == ("conflict" if change else "duplicate")
+    assert (again[0]["origin_id"], again[0]["sequence_number"], again[0]["chunk_number"]) == identity
+
+    # The same files in one run: the same verdict, the same outputs.
+    full = job(growing, tmp_path / "full", on_conflict="keep_first")
+    run(full, spark=spark)
+    assert digests(incremental) == digests(full)
+    if change:  # under on_conflict: fail (the default) the second run stops, naming both copies
+        strict_archive = tmp_path / "strict"
+        shutil.copytree(archive, strict_archive)
+        strict = job(strict_archive, tmp_path / "strict_run")
+        run(strict, spark=spark)
+        shutil.copy(growing / "zz-again.parquet", strict_archive)
+        with pytest.raises(ConflictingDuplicateError, match="already replayed") as raised:
+            run(strict, spark=spark)
+        assert "zz-again.parquet" in str(raised.value)

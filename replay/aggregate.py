@@ -62,8 +62,10 @@ class BatchWork:
     ``open_state``: per window name, the directory of the open windows carried in, or ``None``.
     ``windows_dir``/``late_dir``: where this batch writes its rows; ``state_dirs``: per window
     name, where it writes the open windows it carries out. ``range``: a backfill's
-    ``[start, end)`` in microseconds. ``checked``: identities with other copies in the archive,
-    whose rows must be matched by file and row range (the others by identity alone).
+    ``[start, end)`` in microseconds. ``checked``: identities with other (discarded) copies in
+    the archive, with those copies' files. Rows are matched to a copy by identity alone, by
+    identity and file when the other copies are in other files, and by file and row range
+    when one shares the copy's file.
     """
 
     reads: Sequence[tuple[Buffer, Decision]]
@@ -73,7 +75,14 @@ class BatchWork:
     late_dir: str
     state_dirs: Mapping[str, str]
     range: tuple[int | None, int | None] = (None, None)
-    checked: frozenset[tuple[int, int, int]] = frozenset()
+    checked: Mapping[tuple[int, int, int], frozenset[str]] = field(default_factory=dict)
+
+    def check_level(self, buf: Buffer) -> int:
+        """0: rows match ``buf`` by identity; 1: by identity and file; 2: and by row range too."""
+        others = self.checked.get(buf.identity)
+        if not others:
+            return 0
+        return 2 if buf.file in others else 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,36 +128,23 @@ def _decision_frame(
     spark_paths: Mapping[str, str],
     nkeys: int,
 ) -> DataFrame:
-    from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
+    """One row per copy read, built as an Arrow table (no per-row Python type checks)."""
+    import pyarrow as pa
 
-    fields = [
-        StructField("d_file", StringType(), False),
-        StructField("d_origin", LongType(), False),
-        StructField("d_sequence", LongType(), False),
-        StructField("d_chunk", LongType(), False),
-        StructField("d_lo", LongType(), False),
-        StructField("d_hi", LongType(), False),
-        StructField("d_cid", LongType(), False),
-        StructField("d_check", BooleanType(), False),
-    ]
+    columns: dict[str, pa.Array] = {
+        "d_file": pa.array([spark_paths.get(buf.file, buf.file) for buf, _ in reads], pa.string()),
+        "d_origin": pa.array([buf.origin for buf, _ in reads], pa.int64()),
+        "d_sequence": pa.array([buf.sequence for buf, _ in reads], pa.int64()),
+        "d_chunk": pa.array([buf.chunk for buf, _ in reads], pa.int64()),
+        "d_lo": pa.array([buf.row_start for buf, _ in reads], pa.int64()),
+        "d_hi": pa.array([buf.row_start + buf.rows - 1 for buf, _ in reads], pa.int64()),
+        "d_cid": pa.array([buffer_copy_id(buf) for buf, _ in reads], pa.int64()),
+        "d_check": pa.array([work.check_level(buf) for buf, _ in reads], pa.int32()),
+    }
     for i in range(nkeys):
-        fields += [StructField(f"d_thr{i}", LongType(), False), StructField(f"d_reason{i}", StringType(), False)]
-    rows = []
-    for buf, decision in reads:
-        row: list[object] = [
-            spark_paths.get(buf.file, buf.file),
-            buf.origin,
-            buf.sequence,
-            buf.chunk,
-            buf.row_start,
-            buf.row_start + buf.rows - 1,
-            buffer_copy_id(buf),
-            buf.identity in work.checked,
-        ]
-        for i in range(nkeys):
-            row += [decision.thresholds[i], decision.reasons[i]]
-        rows.append(tuple(row))
-    return spark.createDataFrame(rows, StructType(fields))
+        columns[f"d_thr{i}"] = pa.array([d.thresholds[i] for _, d in reads], pa.int64())
+        columns[f"d_reason{i}"] = pa.array([d.reasons[i] for _, d in reads], pa.string())
+    return spark.createDataFrame(pa.table(columns))
 
 
 def _q(name: str) -> Column:
@@ -206,14 +202,24 @@ def run_batch(
             & (_q(layout.sequence_number).cast("long") == F.col("d_sequence"))
             & (_q(layout.chunk_number).cast("long") == F.col("d_chunk"))
         )
-        if any(buf.identity in work.checked for buf, _ in reads):
-            # Some of these buffers have other copies: match rows by file and row range too.
+        level = max((work.check_level(buf) for buf, _ in reads), default=0)
+        if level == 2:
+            # A buffer has another copy in its own file: match its rows by file and row range.
             rows = raw.select(
                 "*", F.col("_metadata.file_path").alias("_file"), F.col("_metadata.row_index").alias("_row")
             )
             joined = rows.join(F.broadcast(decisions), on_identity).where(
-                ~F.col("d_check")
-                | ((F.col("_file") == F.col("d_file")) & F.col("_row").between(F.col("d_lo"), F.col("d_hi")))
+                (F.col("d_check") == 0)
+                | (
+                    (F.col("_file") == F.col("d_file"))
+                    & ((F.col("d_check") == 1) | F.col("_row").between(F.col("d_lo"), F.col("d_hi")))
+                )
+            )
+        elif level == 1:
+            # Buffers with copies in other files: match their rows by file (no row positions needed).
+            rows = raw.select("*", F.col("_metadata.file_path").alias("_file"))
+            joined = rows.join(F.broadcast(decisions), on_identity).where(
+                (F.col("d_check") == 0) | (F.col("_file") == F.col("d_file"))
             )
         else:
             # Every buffer read has a single copy in the archive: its identity names its rows.

@@ -27,6 +27,7 @@ import os
 import signal
 import time
 import uuid
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -154,6 +155,14 @@ def _new_engine(config: JobConfig, layout: ArchiveLayout, mode: str) -> Progress
         idle_timeout=config.idle_timeout,
         strict=True,
     )
+
+
+def _other_copies(discarded: Sequence[_state.Discarded]) -> dict[tuple[int, int, int], frozenset[str]]:
+    """Per identity with discarded copies, the files those copies are in."""
+    files: dict[tuple[int, int, int], set[str]] = defaultdict(set)
+    for c in discarded:
+        files[(c.origin, c.sequence, c.chunk)].add(c.file)
+    return {identity: frozenset(f) for identity, f in files.items()}
 
 
 def _discard(
@@ -787,7 +796,7 @@ class _Runner:
                     s.name: str(store.root / "state" / f"b{batch:08d}-{token}-open-{s.name}") for s in config.windows
                 },
                 range=(start, end),
-                checked=frozenset((c.origin, c.sequence, c.chunk) for c in [*state.discarded, *discarded]),
+                checked=_other_copies([*state.discarded, *discarded]),
             )
             result = run_batch(
                 self.spark, config=config, layout=layout, schema=schema, spark_paths=spark_paths, work=work

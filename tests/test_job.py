@@ -276,7 +276,9 @@ def test_a_buffer_archived_again_in_a_later_run_is_a_duplicate_or_a_conflict(
     second = run(incremental, spark=spark)
     assert second.buffers == 0  # nothing new to replay: the copy is discarded
     assert incremental.output is not None
-    integrity = [json.loads(line) for line in canonical_lines(read_table(incremental.output, "integrity"), precise=True)]
+    integrity = [
+        json.loads(line) for line in canonical_lines(read_table(incremental.output, "integrity"), precise=True)
+    ]
     again = [r for r in integrity if (r["file"] or "").endswith("zz-again.parquet")]
     assert len(again) == 1, integrity
     assert again[0]["kind"] == ("conflict" if change else "duplicate")
@@ -295,3 +297,25 @@ def test_a_buffer_archived_again_in_a_later_run_is_a_duplicate_or_a_conflict(
         with pytest.raises(ConflictingDuplicateError, match="already replayed") as raised:
             run(strict, spark=spark)
         assert "zz-again.parquet" in str(raised.value)
+
+
+@pytest.mark.parametrize("files", [1, 4], ids=["copies-in-the-same-file", "copies-in-other-files"])
+def test_copies_of_a_buffer_are_read_once_wherever_they_are(tmp_path: Path, spark: Any, files: int) -> None:
+    """Rows are matched to the kept copy by file and row range when another copy shares its file,
+    by file alone when the other copies are elsewhere: either way the reference model's tables."""
+    from test_job_vs_reference import job_view, reference_view
+
+    from replay.buffers import scan_buffers
+
+    archive = tmp_path / "archive"
+    options = GenerateOptions(
+        origins=2, tuples=600, buffer_tuples=30, keys=4, seed=3, duplicates=3, conflicts=2, files=files
+    )
+    generate_archive(archive, dataclasses.replace(options, late_fraction=0.05))
+    config = job(archive, tmp_path, on_conflict="keep_first")  # one batch: it reads every file
+    from replay.archive import inspect_schema
+
+    scan = scan_buffers(spark, inspect_schema(config), config, strict=False)
+    same_file = [d.file == d.kept_file for d in scan.duplicates] + [c.other_file == c.kept_file for c in scan.conflicts]
+    assert len(same_file) == 5 and all(same_file) == (files == 1) and any(same_file) == (files == 1)
+    assert job_view(config, spark) == reference_view(config)

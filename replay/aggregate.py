@@ -147,33 +147,6 @@ def _decision_frame(
     return spark.createDataFrame(pa.table(columns))
 
 
-#: Up to this many origins, the sequence-number filter is one range per origin, else one range.
-_RANGES_PER_ORIGIN = 64
-
-
-def _sequence_ranges(reads: Sequence[tuple[Buffer, Decision]], layout: ArchiveLayout) -> Column:
-    """A filter that holds on every row of ``reads`` (and that the join applies anyway): the
-    sequence numbers they span, per origin. Spark pushes it down to the Parquet reader, which
-    skips row groups whose statistics lie outside it, so a micro-batch need not decode the
-    parts of a file that hold other batches' buffers."""
-    from pyspark.sql import functions as F
-
-    spans: dict[int, tuple[int, int]] = {}
-    for buf, _ in reads:
-        lo, hi = spans.get(buf.origin, (buf.sequence, buf.sequence))
-        spans[buf.origin] = (min(lo, buf.sequence), max(hi, buf.sequence))
-    sequence = _q(layout.sequence_number)
-    if len(spans) > _RANGES_PER_ORIGIN:
-        return sequence.between(min(lo for lo, _ in spans.values()), max(hi for _, hi in spans.values()))
-    clauses = [
-        (_q(layout.origin_id) == F.lit(origin)) & sequence.between(lo, hi) for origin, (lo, hi) in sorted(spans.items())
-    ]
-    condition = clauses[0]
-    for clause in clauses[1:]:
-        condition = condition | clause
-    return condition
-
-
 def _q(name: str) -> Column:
     from pyspark.sql import functions as F
 
@@ -222,7 +195,7 @@ def run_batch(
     def build(reads: Sequence[tuple[Buffer, Decision]]) -> DataFrame:
         """The rows of ``reads`` with their decision, event times in microseconds and per-key flags."""
         files = sorted({spark_paths.get(buf.file, buf.file) for buf, _ in reads})
-        raw = spark.read.schema(schema).parquet(*files).where(_sequence_ranges(reads, layout))
+        raw = spark.read.schema(schema).parquet(*files)
         decisions = _decision_frame(spark, reads, work, spark_paths, nkeys)
         on_identity = (
             (_q(layout.origin_id).cast("long") == F.col("d_origin"))

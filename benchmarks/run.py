@@ -1,4 +1,9 @@
-"""Benchmarks (measurements, never timed tests). Run with ``./dev.sh bench [inspect] [--sizes ...]``.
+"""Benchmarks (measurements, never timed tests).
+
+Run with ``./dev.sh bench [inspect|inspect-warm|run|floor] [--sizes TUPLES:TUPLES_PER_BUFFER ...]``.
+
+``run``: ``replay run`` against plain Spark batch and Structured Streaming (``bench_run``).
+``floor``: plain batch against the cheapest possible metadata pass (``bench_floor``).
 
 ``inspect``: ``replay inspect --json`` as a user runs it (its own process and JVM) on
 generated archives of several sizes and buffer sizes. Reports wall time, tuples/s,
@@ -214,9 +219,58 @@ def bench_run(sizes: list[tuple[int, int]], batch_buffers: int = 1000, repeats: 
     return "\n".join(rows)
 
 
+def bench_floor(sizes: list[tuple[int, int]], repeats: int = 4) -> str:
+    """The floor of any replay that must know every buffer's metadata before it can decide lateness.
+
+    Per archive: the plain batch baseline, and the cheapest metadata pass there is (per copy: row
+    count, first row, watermark, ingest time, last-chunk flag, event-time bounds; no content hash,
+    no checks), best of ``repeats`` after one warm-up each. ``plain / (plain + metadata)`` bounds
+    ``replay / batch`` from above: a replay that added nothing else to the plain aggregation
+    would still pay for the metadata pass.
+    """
+    sys.path.insert(0, str(ROOT))
+    from baselines import plain_batch
+    from pyspark.sql import functions as F
+
+    from replay.config import SparkSettings
+    from replay.spark import get_session
+
+    spark = get_session(SparkSettings(conf={"spark.driver.memory": "4g"}))
+    spark.conf.set("spark.sql.shuffle.partitions", "2")
+    rows = [
+        "| tuples | plain batch s | metadata pass s | plain / (plain + metadata) |",
+        "| ---: | ---: | ---: | ---: |",
+    ]
+    for tuples, buffer_tuples in sizes:
+        path = archive(tuples, buffer_tuples)
+        plain: list[float] = []
+        meta: list[float] = []
+        for _ in range(repeats + 1):
+            plain.append(plain_batch(spark, path).seconds)
+            start = time.perf_counter()
+            df = spark.read.parquet(str(path)).select(
+                "*", F.col("_metadata.file_path").alias("_file"), F.col("_metadata.row_index").alias("_row")
+            )
+            df.groupBy("_file", "origin_id", "sequence_number", "chunk_number").agg(
+                F.count(F.lit(1)),
+                F.min("_row"),
+                F.max("watermark_ts"),
+                F.max("ingest_ts"),
+                F.max("last_chunk"),
+                F.min("event_time"),
+                F.max("event_time"),
+            ).collect()
+            meta.append(time.perf_counter() - start)
+        p, m = min(plain[1:]), min(meta[1:])
+        line = f"| {tuples:,} | {p:.2f} | {m:.2f} | {p / (p + m):.2f} |"
+        print(line, flush=True)
+        rows.append(line)
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", nargs="?", default="inspect", choices=["inspect", "inspect-warm", "run"])
+    parser.add_argument("what", nargs="?", default="inspect", choices=["inspect", "inspect-warm", "run", "floor"])
     parser.add_argument(
         "--sizes",
         nargs="*",
@@ -227,6 +281,8 @@ def main() -> None:
     sizes = [(int(a), int(b)) for a, b in (s.split(":") for s in options.sizes)]
     if options.what == "run":
         table = bench_run(sizes)
+    elif options.what == "floor":
+        table = bench_floor(sizes)
     elif options.what == "inspect":
         table = bench_inspect(sizes)
     else:

@@ -121,6 +121,16 @@ def bench_inspect_warm(sizes: list[tuple[int, int]], repeats: int = 3) -> str:
     return "\n".join(rows)
 
 
+def _session() -> Any:
+    """The one warm session ``run`` and ``floor`` measure in: 4 GiB driver, shuffle partitions 2."""
+    from replay.config import SparkSettings
+    from replay.spark import get_session
+
+    spark = get_session(SparkSettings(conf={"spark.driver.memory": "4g"}))
+    spark.conf.set("spark.sql.shuffle.partitions", "2")
+    return spark
+
+
 def _run_config(path: Path, work: Path, max_buffers: int | None) -> Any:
     from replay.config import parse_config
 
@@ -163,12 +173,9 @@ def bench_run(sizes: list[tuple[int, int]], batch_buffers: int = 1000, repeats: 
     sys.path.insert(0, str(ROOT))
     from baselines import plain_batch, structured_streaming
 
-    from replay.config import SparkSettings
     from replay.job import run
-    from replay.spark import get_session
 
-    spark = get_session(SparkSettings(conf={"spark.driver.memory": "4g"}))
-    spark.conf.set("spark.sql.shuffle.partitions", "2")
+    spark = _session()
     rows = [
         "| tuples | buffers | replay run s | replay tuples/s | batches | fixed cost per batch s | plain batch tuples/s "
         "| Structured Streaming tuples/s | replay / streaming | replay / batch |",
@@ -232,13 +239,9 @@ def bench_floor(sizes: list[tuple[int, int]], repeats: int = 4) -> str:
     from baselines import plain_batch
     from pyspark.sql import functions as F
 
-    from replay.config import SparkSettings
-    from replay.spark import get_session
-
-    spark = get_session(SparkSettings(conf={"spark.driver.memory": "4g"}))
-    spark.conf.set("spark.sql.shuffle.partitions", "2")
+    spark = _session()
     rows = [
-        "| tuples | plain batch s | metadata pass s | plain / (plain + metadata) |",
+        "| input rows | plain batch s | metadata pass s | plain / (plain + metadata) |",
         "| ---: | ---: | ---: | ---: |",
     ]
     for tuples, buffer_tuples in sizes:

@@ -5,9 +5,9 @@ buffer copies the batch reads and the lateness threshold of each one's tuples pe
 key. This module turns that into Spark work over the archive's rows, without a
 Python UDF and without a tuple reaching the driver:
 
-- the batch's copies join the rows by identity, and by file and row range too
-  where a buffer has other copies, so a discarded duplicate copy is never read
-  as data;
+- the batch's copies join the rows by identity; a buffer with discarded copies
+  also by file, and by row range when a copy shares its file, so a discarded
+  duplicate copy is never read as data;
 - per key, a tuple is late (``event_time < threshold``), on time, or has no event
   time for the key (or, in a backfill, one outside the range);
 - late tuples are written to the ``late`` table; on-time ones are reduced to
@@ -202,28 +202,19 @@ def run_batch(
             & (_q(layout.sequence_number).cast("long") == F.col("d_sequence"))
             & (_q(layout.chunk_number).cast("long") == F.col("d_chunk"))
         )
+        # A buffer with discarded copies elsewhere is matched by file too; when a copy shares its
+        # file, by row range as well. Row positions are read only then.
         level = max((work.check_level(buf) for buf, _ in reads), default=0)
+        located: list[Column] = []
+        if level >= 1:
+            located.append(F.col("_metadata.file_path").alias("_file"))
+            same_copy = F.col("_file") == F.col("d_file")
         if level == 2:
-            # A buffer has another copy in its own file: match its rows by file and row range.
-            rows = raw.select(
-                "*", F.col("_metadata.file_path").alias("_file"), F.col("_metadata.row_index").alias("_row")
-            )
-            joined = rows.join(F.broadcast(decisions), on_identity).where(
-                (F.col("d_check") == 0)
-                | (
-                    (F.col("_file") == F.col("d_file"))
-                    & ((F.col("d_check") == 1) | F.col("_row").between(F.col("d_lo"), F.col("d_hi")))
-                )
-            )
-        elif level == 1:
-            # Buffers with copies in other files: match their rows by file (no row positions needed).
-            rows = raw.select("*", F.col("_metadata.file_path").alias("_file"))
-            joined = rows.join(F.broadcast(decisions), on_identity).where(
-                (F.col("d_check") == 0) | (F.col("_file") == F.col("d_file"))
-            )
-        else:
-            # Every buffer read has a single copy in the archive: its identity names its rows.
-            joined = raw.join(F.broadcast(decisions), on_identity)
+            located.append(F.col("_metadata.row_index").alias("_row"))
+            same_copy = same_copy & ((F.col("d_check") == 1) | F.col("_row").between(F.col("d_lo"), F.col("d_hi")))
+        joined = raw.select("*", *located).join(F.broadcast(decisions), on_identity)
+        if located:
+            joined = joined.where((F.col("d_check") == 0) | same_copy)
         punctuation = _q(layout.key).isNull()
         for i, key in enumerate(layout.keys):
             joined = joined.withColumn(f"_ev{i}", time_micros(raw, key.event_time, layout.time_columns[key.event_time]))

@@ -18,7 +18,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from test_job_vs_reference import job_view, reference_view
 
+from replay.archive import inspect_schema
+from replay.buffers import scan_buffers
 from replay.config import JobConfig, parse_config
 from replay.digest import canonical_lines, digest
 from replay.errors import ConflictingDuplicateError, IncompatibleCheckpointError
@@ -233,26 +236,33 @@ def test_a_backfill_range_gives_exactly_the_full_runs_windows_inside_it(
 
 
 def _redeliver(source: Path, target: Path, *, change: bool) -> tuple[int, int, int]:
-    """Write ``target``: the rows of one single-copy buffer of ``source``, archived again later
-    (ingest one hour on); with ``change``, one value differs. Returns the buffer's identity."""
-    table = pa.concat_tables([pq.read_table(p) for p in sorted(source.glob("*.parquet"))])
-    ids = [
-        (o, s, c)
-        for o, s, c in zip(
+    """Write ``target``: the rows of one buffer that ``source`` holds a single copy of (the largest
+    such), archived again later (ingest one hour on); with ``change``, one value differs.
+    Returns the buffer's identity."""
+    runs: dict[tuple[int, int, int], int] = {}  # identity -> copies (runs of consecutive rows)
+    sizes: dict[tuple[int, int, int], int] = {}
+    tables = [pq.read_table(p) for p in sorted(source.glob("*.parquet"))]
+    for table in tables:
+        previous = None
+        for identity in zip(
             table["origin_id"].to_pylist(),
             table["sequence_number"].to_pylist(),
             table["chunk_number"].to_pylist(),
             strict=True,
+        ):
+            if identity != previous:
+                runs[identity] = runs.get(identity, 0) + 1
+            sizes[identity] = sizes.get(identity, 0) + 1
+            previous = identity
+    chosen = max((i for i in sorted(runs) if runs[i] == 1), key=lambda i: sizes[i])
+    table = pa.concat_tables(tables)
+    origin, sequence, chunk = chosen
+    rows = table.filter(
+        pc.and_(
+            pc.and_(pc.equal(table["origin_id"], origin), pc.equal(table["sequence_number"], sequence)),
+            pc.equal(table["chunk_number"], chunk),
         )
-    ]
-    counts: dict[tuple[int, int, int], int] = {}
-    for identity in ids:
-        counts[identity] = counts.get(identity, 0) + 1
-    sizes = sorted({n for n in counts.values()})
-    # A buffer whose rows appear once (no copy of it in the archive) and that holds tuples.
-    chosen = next(i for i in sorted(counts) if counts[i] == sizes[-1] and ids.count(i) == counts[i])
-    mask = pa.array([i == chosen for i in ids])
-    rows = table.filter(mask)
+    )
     later = pc.add(rows["ingest_ts"].cast(pa.int64()), 3_600_000_000).cast(rows.schema.field("ingest_ts").type)
     rows = rows.set_column(rows.schema.get_field_index("ingest_ts"), "ingest_ts", later)
     if change:
@@ -271,7 +281,6 @@ def test_a_buffer_archived_again_in_a_later_run_is_a_duplicate_or_a_conflict(
     shutil.copytree(archive, growing)
     incremental = job(growing, tmp_path / "inc", on_conflict="keep_first")
     run(incremental, spark=spark)
-    # The replayed copy was hashed only if it had another copy then: this one had none.
     identity = _redeliver(archive, growing / "zz-again.parquet", change=change)
     second = run(incremental, spark=spark)
     assert second.buffers == 0  # nothing new to replay: the copy is discarded
@@ -303,18 +312,12 @@ def test_a_buffer_archived_again_in_a_later_run_is_a_duplicate_or_a_conflict(
 def test_copies_of_a_buffer_are_read_once_wherever_they_are(tmp_path: Path, spark: Any, files: int) -> None:
     """Rows are matched to the kept copy by file and row range when another copy shares its file,
     by file alone when the other copies are elsewhere: either way the reference model's tables."""
-    from test_job_vs_reference import job_view, reference_view
-
-    from replay.buffers import scan_buffers
-
     archive = tmp_path / "archive"
     options = GenerateOptions(
         origins=2, tuples=600, buffer_tuples=30, keys=4, seed=3, duplicates=3, conflicts=2, files=files
     )
     generate_archive(archive, dataclasses.replace(options, late_fraction=0.05))
     config = job(archive, tmp_path, on_conflict="keep_first")  # one batch: it reads every file
-    from replay.archive import inspect_schema
-
     scan = scan_buffers(spark, inspect_schema(config), config, strict=False)
     same_file = [d.file == d.kept_file for d in scan.duplicates] + [c.other_file == c.kept_file for c in scan.conflicts]
     assert len(same_file) == 5 and all(same_file) == (files == 1) and any(same_file) == (files == 1)

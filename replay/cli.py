@@ -349,6 +349,48 @@ def show(
         typer.echo(line)
 
 
+@app.command()
+def validate(
+    output: Annotated[str, typer.Argument(help="Output directory.")],
+    version: Annotated[int | None, typer.Option("--version", help="Version (default: published, else newest).")] = None,
+    suite: Annotated[
+        list[str] | None, typer.Option("--suite", help="Run only this suite (repeatable); the verdict needs all.")
+    ] = None,
+) -> None:
+    """Run the Great Expectations suites on a version, write Data Docs; exit 1 when an expectation fails."""
+    from replay.validate import validate as run_validation
+
+    try:
+        with _Steps({}) as steps:
+            outcome = run_validation(output, version, suites=suite, on_step=steps)
+    except ReplayError as error:
+        raise _fail(error) from error
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    table = Table(title=f"{output} version {outcome.version}")
+    for title in ("suite", "result", "expectations", "failed"):
+        table.add_column(title)
+    for s in outcome.record["suites"]:
+        table.add_row(s["name"], "passed" if s["success"] else "FAILED", str(s["evaluated"]), str(s["failed"]))
+    console.print(table)
+    console.print(f"Data Docs: {outcome.data_docs}")
+    if not outcome.success:
+        for suite_name, e in outcome.failures:
+            examples = "; ".join(map(str, e["unexpected_examples"][:3]))
+            typer.echo(
+                f"replay: failed: {suite_name}: {e['type']}({e['column']}): {e['description']}"
+                + (f" ({e['unexpected_count']} unexpected: {examples})" if e["unexpected_count"] else "")
+                + (f" [{e['error']}]" if e.get("error") else ""),
+                err=True,
+            )
+        missing = {"windows", "progress", "integrity", "reconciliation"} - {s["name"] for s in outcome.record["suites"]}
+        if missing:
+            typer.echo(f"replay: not validated yet: {', '.join(sorted(missing))}", err=True)
+        raise typer.Exit(1)
+
+
 def _print_inspection(data: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table

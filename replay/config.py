@@ -38,7 +38,9 @@ __all__ = [
     "Duration",
     "JobConfig",
     "MicroBatch",
+    "PublicationSettings",
     "SparkSettings",
+    "ValidationSettings",
     "WatermarkKey",
     "WindowSpec",
     "json_schema",
@@ -174,6 +176,42 @@ class SparkSettings(_Model):
     conf: dict[str, str] = Field(default_factory=dict)
 
 
+class ValidationSettings(_Model):
+    """Thresholds of the ``integrity`` suite and the Data Docs history (SPEC section 8).
+
+    ``None`` leaves a count unchecked (it is still reported). Not part of the fingerprint:
+    they judge results, they do not change them.
+    """
+
+    max_gaps: int | None = Field(default=None, ge=0, description="missing sequences (gap_policy: wait)")
+    max_incomplete: int | None = Field(default=None, ge=0, description="sequences missing chunks")
+    max_skipped: int | None = Field(default=None, ge=0, description="sequences closed by gap_policy: skip")
+    max_conflicts: int | None = Field(default=0, ge=0, description="conflicting duplicates (on_conflict: keep_first)")
+    max_regressions: int | None = Field(default=None, ge=0, description="watermark regressions clamped")
+    max_late_fraction: float | None = Field(
+        default=0.05, ge=0, le=1, description="late tuples over tuples read, per watermark key"
+    )
+    float_tolerance: float = Field(
+        default=1e-9,
+        gt=0,
+        description="relative tolerance of the reconciliation for floating-point sums and means",
+    )
+    docs_history: int = Field(default=20, ge=1, description="validation runs kept per suite in the Data Docs")
+
+
+class PublicationSettings(_Model):
+    """What ``replay publish`` keeps."""
+
+    retain_versions: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "keep the newest N versions (plus the current publication and what it was built from) and delete "
+            "the files only older versions used; None keeps every version"
+        ),
+    )
+
+
 #: Fields whose values change the contents of the result tables (SPEC section 5).
 RESULT_FIELDS = (
     "columns",
@@ -219,6 +257,8 @@ class JobConfig(_Model):
     micro_batch: MicroBatch = Field(default_factory=MicroBatch)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     retain: int = Field(default=10, ge=1)
+    validation: ValidationSettings = Field(default_factory=ValidationSettings)
+    publication: PublicationSettings = Field(default_factory=PublicationSettings)
 
     @field_validator("expected_origins")
     @classmethod

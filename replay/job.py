@@ -211,9 +211,12 @@ def _progress_table(batch: int, snapshot: ProgressSnapshot) -> pa.Table:
             "global_watermark",
             "time_window_lower",
             "time_window_upper",
+            "cut_sequence",
+            "cut_chunk",
         )
     }
     for o in snapshot.origins:
+        cut = snapshot.stream_cut.get(o.origin)
         key = keys[o.key]
         rows["batch"].append(batch)
         rows["wm_key"].append(o.key)
@@ -224,6 +227,8 @@ def _progress_table(batch: int, snapshot: ProgressSnapshot) -> pa.Table:
         rows["global_watermark"].append(_ts(key.global_watermark))
         rows["time_window_lower"].append(_ts(key.time_window[0]) if key.time_window else None)
         rows["time_window_upper"].append(_ts(key.time_window[1]) if key.time_window else None)
+        rows["cut_sequence"].append(cut[0] if cut else None)
+        rows["cut_chunk"].append(cut[1] if cut else None)
     ts = pa.timestamp("us", tz="UTC")
     return pa.table(
         rows,
@@ -238,6 +243,8 @@ def _progress_table(batch: int, snapshot: ProgressSnapshot) -> pa.Table:
                 ("global_watermark", ts),
                 ("time_window_lower", ts),
                 ("time_window_upper", ts),
+                ("cut_sequence", pa.int64()),
+                ("cut_chunk", pa.int64()),
             ]
         ),
     )
@@ -470,6 +477,44 @@ def _check_ledger(
 
 
 # --------------------------------------------------------------------------- the run
+
+
+def _ledger_row(
+    ledger: _Ledger,
+    pending: Mapping[tuple[int, int, int], Buffer],
+    config: JobConfig,
+    key_index: Mapping[str, int],
+) -> dict[str, Any]:
+    """The ledger's terms after a batch, kept per batch so that validation can check the identity again.
+
+    Every term is stored, not the verdict: the reconciliation suite adds them up itself.
+    """
+    pending_xor = 0
+    for buf in pending.values():
+        pending_xor ^= buffer_copy_id(buf)
+    return {
+        "tuples_read": ledger.tuples_read,
+        "read_xor": ledger.read_xor,
+        "processed_xor": ledger.processed_xor,
+        "pending_xor": pending_xor,
+        "discarded_xor": ledger.discarded_xor,
+        "pending": sum(b.tuples for b in pending.values()),
+        "discarded": ledger.discarded_tuples,
+        "outside_skipped": ledger.outside_skipped,
+        "windows": {
+            spec.name: {
+                "emitted": ledger.emitted_owned.get(spec.name, 0),
+                "open": ledger.open_owned.get(spec.name, 0),
+                "entered": ledger.windowed.get(spec.name, 0),
+                "unwindowed": ledger.unwindowed.get(spec.name, 0),
+                "late": ledger.late[key_index[spec.wm_key]],
+                "no_event_time": ledger.no_event[key_index[spec.wm_key]],
+                "outside_range": ledger.outside[key_index[spec.wm_key]],
+                "emitted_windows": ledger.emitted_windows.get(spec.name, 0),
+            }
+            for spec in config.windows
+        },
+    }
 
 
 def _plan(buffers: Sequence[Buffer], config: JobConfig, first: int | None) -> list[list[Buffer]]:
@@ -843,6 +888,7 @@ class _Runner:
                     "finish": finish,
                     "buffers": buffers_rel,
                     "discarded": discarded_rel,
+                    "ledger": _ledger_row(ledger, state.pending, config, key_index),
                 },
             ],
             "files": files,
@@ -983,6 +1029,14 @@ class _Runner:
                     "schemas": commit["schemas"] | {"integrity": _schema_hex(INTEGRITY_SCHEMA)},
                     "watermarks": snapshot_keys,
                     "counts": commit["ledger"],
+                    # What validation needs without the checkpoint (whose commits are pruned):
+                    "kind": "run",
+                    "config": self.config.model_dump(mode="json"),
+                    "files": sorted(commit["files"]),
+                    "origins": commit["progress"]["origins"],
+                    "ledger_batches": [
+                        {"batch": entry["batch"], **entry["ledger"]} for entry in commit["batches"] if "ledger" in entry
+                    ],
                 },
             )
         ledger = commit["ledger"]

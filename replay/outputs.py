@@ -4,6 +4,7 @@ Layout of an output directory::
 
     data/<table>/<checkpoint id>-b<batch>-<token>[.parquet]   files written by committed batches
     versions/<version>.json                                  one manifest per run: its tables' files
+    versions/<version>.validation.json                       the validation verdict of a version (``replay validate``)
     current                                                  the published version (``replay publish``)
 
 A version is a manifest: for each table (``windows``, ``late``, ``progress``,
@@ -37,11 +38,14 @@ __all__ = [
     "list_versions",
     "read_manifest",
     "read_table",
+    "read_validation",
     "resolve_version",
+    "table_files",
     "write_manifest",
+    "write_validation",
 ]
 
-TABLES = ("windows", "late", "progress", "integrity")
+TABLES = ("windows", "late", "progress", "integrity", "corrections")
 
 
 def _versions_dir(output: Path) -> Path:
@@ -130,6 +134,39 @@ def write_manifest(output: str | Path, manifest: Mapping[str, Any]) -> int:
         return version
 
 
+def _validation_path(output: Path, version: int) -> Path:
+    return _versions_dir(output) / f"{version:06d}.validation.json"
+
+
+def read_validation(output: str | Path, version: int) -> dict[str, Any] | None:
+    """The validation record of ``version`` (written by ``replay validate``), or ``None`` if never validated.
+
+    The record: ``format_version``, ``version``, ``success``, ``validated_at`` (ISO 8601 UTC),
+    ``data_docs`` (the Data Docs index, relative to the output root), and ``suites``: a list of
+    ``{name, success, evaluated, failed, expectations: [{type, column, description, success,
+    unexpected_count, observed_value, unexpected_examples}]}``.
+    """
+    path = _validation_path(Path(output), version)
+    if not path.exists():
+        return None
+    with open(path, encoding="utf-8") as handle:
+        record: dict[str, Any] = json.load(handle)
+    return record
+
+
+def write_validation(output: str | Path, version: int, record: Mapping[str, Any]) -> Path:
+    """Replace the validation record of ``version`` atomically (temporary file, fsync, rename)."""
+    path = _validation_path(Path(output), version)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump({"format_version": FORMAT_VERSION, "version": version, **record}, handle, indent=1, default=str)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+    return path
+
+
 def _parquet_files(output: Path, entries: Sequence[str]) -> list[str]:
     files: list[str] = []
     for entry in entries:
@@ -139,6 +176,11 @@ def _parquet_files(output: Path, entries: Sequence[str]) -> list[str]:
         elif path.exists():
             files.append(str(path))
     return files
+
+
+def table_files(output: str | Path, manifest: Mapping[str, Any], table: str) -> list[str]:
+    """The Parquet files of ``table`` in a version's ``manifest``."""
+    return _parquet_files(Path(output), manifest["tables"].get(table, []))
 
 
 def read_table(output: str | Path, table: str, version: int | None = None) -> pa.Table:

@@ -138,7 +138,7 @@ def test_run_status_digest_show_and_their_errors(tmp_path: Path, spark: Any) -> 
     assert data["keys"][0]["key"] == "default" and data["open_windows"]["w"] >= 0
     assert [len(g) for g in data["gaps"]] == [2, 2]  # the two generated gaps, as [origin, sequence]
     digest = runner.invoke(app, ["digest", str(tmp_path / "out"), "--version", "1"])
-    assert digest.exit_code == 0 and len(digest.stdout.splitlines()) == 4
+    assert digest.exit_code == 0 and len(digest.stdout.splitlines()) == 5
     show = runner.invoke(app, ["show", str(tmp_path / "out"), "--table", "integrity", "--format", "csv"])
     assert show.exit_code == 0 and show.stdout.splitlines()[0].startswith("kind,origin_id")
     assert sum(line.startswith("duplicate,") for line in show.stdout.splitlines()) == 2

@@ -59,6 +59,7 @@ def test_readme_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sp
                 "late",
                 "progress",
                 "integrity",
+                "corrections",
             ]
 
 

@@ -1,0 +1,38 @@
+"""What every suite is built from: the job configuration and the facts a version records."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from replay.archive import ArchiveLayout
+    from replay.config import JobConfig
+
+__all__ = ["SuiteInputs"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SuiteInputs:
+    """One output version, ready to be validated.
+
+    ``effective`` maps each watermark key to ``E_k`` at the end of the version's run
+    (integer microseconds; ``NEG_INF`` when no watermark yet). ``range`` is the
+    backfill range ``[start, end)`` (``None`` on either side: unbounded).
+    ``tables`` holds the version's tables as Spark DataFrames. ``manifest`` is the
+    version's manifest (``ledger_batches``, ``origins``, ``counts``, ``files``).
+    """
+
+    spark: SparkSession
+    config: JobConfig
+    layout: ArchiveLayout | None  # None when the archive cannot be read (reconciliation then fails, named)
+    mode: str
+    effective: Mapping[str, int]
+    range: tuple[int | None, int | None]
+    tables: Mapping[str, DataFrame]
+    manifest: Mapping[str, Any]
+    version: int
+    parts: Sequence[SuiteInputs] = field(default_factory=tuple)  # a merged publication: what it was built from

@@ -1,0 +1,371 @@
+"""The ``reconciliation`` suite (SPEC section 8): the emitted windows equal an independent
+recomputation, and the ledger identity holds for every batch.
+
+**The recomputation** is a plain Spark batch over the version's archive files, written
+without the engine's code (no progress engine, no partials, no merging):
+
+1. copies: runs of consecutive rows of one buffer identity within a file (gaps and islands
+   over the row position); of an identity's copies the first by (``ingest_ts``, file, first
+   row) is kept, the others are duplicates;
+2. in origin mode, tuples of sequences beyond ``complete prefix + 1`` are still pending
+   (their threshold is not known yet) and are left out;
+3. per window aggregation, tuples in the ``late`` table of its key are left out (lateness is a
+   threshold on the event time, so (origin, sequence, chunk, event time) identifies them);
+4. each tuple goes to every window ``[start, start + size)`` holding it, windows whose end the
+   final effective watermark has not reached (and, for a backfill, windows not inside the
+   range) are dropped, and each aggregation is one ``groupBy`` with Spark's own functions
+   (``countDistinct`` for ``approx_count_distinct``, which the engine computes exactly).
+
+The frame has one row per compared item (``check``: ``window``, ``ledger`` or ``totals``),
+with ``item`` naming it and a column per comparison that is null when it agrees and says
+what differs otherwise; the expectations ask those columns to be null.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from expectations._inputs import SuiteInputs
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+    from replay.config import WindowSpec
+
+__all__ = ["NAME", "expectations", "frame", "recompute"]
+
+NAME = "reconciliation"
+_IDENTITY = ("_o", "_s", "_c")
+
+
+def _kept_rows(inputs: SuiteInputs) -> tuple[DataFrame, DataFrame]:
+    """(the rows of kept copies, the rows of discarded copies), with ``_o, _s, _c`` identity columns."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from replay.buffers import read_rows
+
+    layout = inputs.layout
+    assert layout is not None
+    rows = read_rows(inputs.spark, layout).select(
+        "*",
+        F.col(f"`{layout.origin_id}`").cast("long").alias("_o"),
+        F.col(f"`{layout.sequence_number}`").cast("long").alias("_s"),
+        F.col(f"`{layout.chunk_number}`").cast("long").alias("_c"),
+    )
+    # Gaps and islands: within a run of consecutive rows of one identity, row - rank is constant.
+    rank = F.row_number().over(Window.partitionBy("_file", *_IDENTITY).orderBy("_row"))
+    rows = rows.withColumn("_island", F.col("_row") - rank)
+    copy = ["_file", *_IDENTITY, "_island"]
+    ingest = F.min(F.col(f"`{layout.ingest_ts}`")) if layout.ingest_ts else F.lit(0)
+    copies = rows.groupBy(*copy).agg(ingest.alias("_ingest"), F.min("_row").alias("_first"))
+    first = Window.partitionBy(*_IDENTITY).orderBy("_ingest", "_file", "_first")
+    copies = copies.withColumn("_kept", F.row_number().over(first) == 1).drop("_ingest", "_first")
+    rows = rows.join(copies, copy)
+    return rows.where("_kept"), rows.where("NOT _kept")
+
+
+def _tuple_flag(layout: Any) -> Column:
+    """A row is a tuple (not a punctuation row) unless its key and every event-time column are null."""
+    from pyspark.sql import functions as F
+
+    flag = F.col(f"`{layout.key}`").isNotNull()
+    for key in layout.keys:
+        flag = flag | F.col(f"`{key.event_time}`").isNotNull()
+    return flag
+
+
+def _window_rows(rows: DataFrame, spec: WindowSpec, inputs: SuiteInputs, t: Column) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    size, slide, offset = spec.size, spec.effective_slide, spec.offset
+    latest = t - F.pmod(t - F.lit(offset), F.lit(slide))
+    per_tuple = -(-size // slide)  # windows a tuple can fall in
+    starts = F.sequence(latest - F.lit((per_tuple - 1) * slide), latest, F.lit(slide))
+    out = rows.select("*", t.alias("_t")).select("*", F.explode(starts).alias("_start"))
+    out = out.where(F.col("_start") + F.lit(size) > F.col("_t"))
+    effective = inputs.effective.get(spec.wm_key, -(2**63))
+    out = out.where(F.col("_start") + F.lit(size) <= F.lit(effective))
+    start, end = inputs.range
+    if start is not None:
+        out = out.where(F.col("_start") >= F.lit(start))
+    if end is not None:
+        out = out.where(F.col("_start") + F.lit(size) <= F.lit(end))
+    return out
+
+
+def _aggregate(column: str | None, fn: str) -> Column:
+    from pyspark.sql import functions as F
+
+    if fn == "count":
+        return F.count(F.lit(1)) if column is None else F.count(F.col(f"`{column}`"))
+    value = F.col(f"`{column}`")
+    return {
+        "sum": F.sum,
+        "min": F.min,
+        "max": F.max,
+        "mean": F.avg,
+        "approx_count_distinct": F.count_distinct,
+    }[fn](value)
+
+
+def recompute(inputs: SuiteInputs) -> tuple[DataFrame, dict[str, int]]:
+    """The windows a plain batch aggregate gives, and the tuple counts it left out (``pending``, ``discarded``).
+
+    Rows have ``window, key, start_us`` and one column per aggregation (``<name>`` of the
+    ``windows`` table).
+    """
+    from pyspark.sql import functions as F
+
+    from replay.buffers import time_micros
+
+    layout = inputs.layout
+    assert layout is not None
+    kept, discarded = _kept_rows(inputs)
+    is_tuple = _tuple_flag(layout)
+    left_out = {"discarded": discarded.where(is_tuple).count(), "pending": 0}
+    if inputs.mode == "origin":
+        prefix = {int(o["origin"]): int(o["complete_prefix"]) for o in inputs.manifest.get("origins", [])}
+        limit = F.create_map(*[x for o, p in prefix.items() for x in (F.lit(o), F.lit(p + 1))])
+        undecided = F.col("_s") > F.coalesce(limit[F.col("_o")], F.lit(1))
+        left_out["pending"] = kept.where(undecided & is_tuple).count()
+        kept = kept.where(~undecided)
+    late = inputs.tables["late"]
+    late_kind = {k.name: k for k in layout.keys}
+    frames = []
+    for spec in inputs.config.windows:
+        key = late_kind[spec.wm_key]
+        kind = layout.time_columns[key.event_time]
+        t = time_micros(kept, key.event_time, kind)
+        rows = kept.where(t.isNotNull())
+        late_k = late.where(F.col("wm_key") == spec.wm_key).select(
+            F.col("origin_id").alias("_o"),
+            F.col("sequence_number").alias("_s"),
+            F.col("chunk_number").alias("_c"),
+            time_micros(late, key.event_time, kind).alias("_late_t"),
+        )
+        rows = rows.join(
+            late_k,
+            (rows["_o"] == late_k["_o"])
+            & (rows["_s"] == late_k["_s"])
+            & (rows["_c"] == late_k["_c"])
+            & (time_micros(rows, key.event_time, kind) == late_k["_late_t"]),
+            "left_anti",
+        )
+        windowed = _window_rows(rows, spec, inputs, time_micros(rows, key.event_time, kind))
+        aggs = [_aggregate(a.column, a.fn).alias(a.output_name) for a in spec.aggregations]
+        frames.append(
+            windowed.groupBy(F.col(f"`{layout.key}`").alias("key"), F.col("_start").alias("start_us"))
+            .agg(*aggs)
+            .select(F.lit(spec.name).alias("window"), "*")
+        )
+    result = frames[0]
+    for other in frames[1:]:
+        result = result.unionByName(other, allowMissingColumns=True)
+    return result, left_out
+
+
+def _describe(value: Column) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.coalesce(value.cast("string"), F.lit("null"))
+
+
+def _float_columns(inputs: SuiteInputs) -> set[str]:
+    """Aggregation outputs compared with a tolerance: sums and means of floating-point columns."""
+    from pyspark.sql.types import DoubleType, FloatType
+
+    schema = inputs.tables["windows"].schema
+    return {
+        a.output_name
+        for spec in inputs.config.windows
+        for a in spec.aggregations
+        if a.fn in ("sum", "mean") and isinstance(schema[a.output_name].dataType, DoubleType | FloatType)
+    }
+
+
+def _window_checks(inputs: SuiteInputs, expected: DataFrame) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    actual = inputs.tables["windows"].select("*", F.unix_micros("window_start").alias("start_us"))
+    names = [a.output_name for s in inputs.config.windows for a in s.aggregations]
+    names = list(dict.fromkeys(names))
+    a = actual.select(
+        F.col("window").alias("a_window"),
+        F.col("key").alias("a_key"),
+        F.col("start_us").alias("a_start"),
+        *[F.col(f"`{n}`").alias(f"a_{n}") for n in names],
+        F.lit(True).alias("a_present"),
+    )
+    e = expected.select(
+        F.col("window").alias("e_window"),
+        F.col("key").alias("e_key"),
+        F.col("start_us").alias("e_start"),
+        *[F.col(f"`{n}`").alias(f"e_{n}") for n in names],
+        F.lit(True).alias("e_present"),
+    )
+    joined = a.join(
+        e,
+        (a["a_window"] == e["e_window"]) & a["a_key"].eqNullSafe(e["e_key"]) & (a["a_start"] == e["e_start"]),
+        "full_outer",
+    )
+    window = F.coalesce("a_window", "e_window")
+    key = F.coalesce(F.col("a_key"), F.col("e_key"))
+    start = F.coalesce("a_start", "e_start")
+    item = F.concat_ws(
+        " ",
+        window,
+        F.concat(F.lit("key="), _describe(key)),
+        F.date_format(F.timestamp_micros(start), "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"),
+    )
+    both = F.col("a_present") & F.col("e_present")
+    presence = (
+        F.when(both, F.lit("both"))
+        .when(F.col("a_present"), F.lit("emitted, not in the recomputation"))
+        .otherwise(F.lit("in the recomputation, not emitted"))
+    )
+    floats = _float_columns(inputs)
+    tolerance = inputs.config.validation.float_tolerance
+    checks = []
+    for n in names:
+        av, ev = F.col(f"a_{n}"), F.col(f"e_{n}")
+        if n in floats:
+            scale = F.greatest(F.abs(av), F.abs(ev), F.lit(1.0))
+            agree = (av.isNull() & ev.isNull()) | (F.abs(av - ev) <= F.lit(tolerance) * scale)
+        else:
+            agree = av.eqNullSafe(ev)
+        checks.append(
+            F.when(~both | F.coalesce(agree, F.lit(False)), F.lit(None))
+            .otherwise(F.concat(item, F.lit(f": {n} recomputed "), _describe(ev), F.lit(", emitted "), _describe(av)))
+            .alias(f"{n}_mismatch")
+        )
+    return joined.select(
+        F.lit("window").alias("check"),
+        item.alias("item"),
+        presence.alias("presence"),
+        *checks,
+    )
+
+
+def _ledger_checks(
+    inputs: SuiteInputs, left_out: dict[str, int], window_counts: dict[str, int]
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    batches = list(inputs.manifest.get("ledger_batches", []))
+    for entry in batches:
+        accounted_xor = entry["processed_xor"] ^ entry["pending_xor"] ^ entry["discarded_xor"]
+        xor_problem = None
+        if accounted_xor != entry["read_xor"]:
+            xor_problem = (
+                f"batch {entry['batch']}: XOR of the copies read {entry['read_xor']:#x} differs from the XOR of "
+                f"those processed, pending and discarded {accounted_xor:#x}"
+            )
+        for name, w in entry["windows"].items():
+            terms = {
+                "in windows": w["emitted"] + w["open"],
+                "unwindowed": w["unwindowed"],
+                "late": w["late"],
+                "no event time": w["no_event_time"],
+                "outside the range": w["outside_range"] + entry["outside_skipped"],
+                "pending": entry["pending"],
+                "duplicates": entry["discarded"],
+            }
+            total = sum(terms.values())
+            problem = None
+            if total != entry["tuples_read"]:
+                parts = " + ".join(f"{v} {k}" for k, v in terms.items())
+                problem = (
+                    f"batch {entry['batch']} {name}: {entry['tuples_read']} tuples read, {total} accounted ({parts})"
+                )
+            elif w["entered"] != w["emitted"] + w["open"]:
+                problem = (
+                    f"batch {entry['batch']} {name}: {w['entered']} on-time tuples entered, "
+                    f"windows own {w['emitted'] + w['open']}"
+                )
+            rows.append(
+                {
+                    "check": "ledger",
+                    "item": f"batch {entry['batch']} {name}",
+                    "ledger_identity": problem,
+                    "ledger_xor": xor_problem,
+                }
+            )
+    if batches:
+        last = batches[-1]
+        late_rows = {r["wm_key"]: int(r["count"]) for r in inputs.tables["late"].groupBy("wm_key").count().collect()}
+        for spec in inputs.config.windows:
+            w = last["windows"][spec.name]
+            problems = []
+            if window_counts.get(spec.name, 0) != w["emitted_windows"]:
+                problems.append(
+                    f"the ledger counts {w['emitted_windows']} emitted windows, the table has "
+                    f"{window_counts.get(spec.name, 0)}"
+                )
+            if late_rows.get(spec.wm_key, 0) != w["late"]:
+                problems.append(
+                    f"the ledger counts {w['late']} late tuples of key {spec.wm_key}, the late table has "
+                    f"{late_rows.get(spec.wm_key, 0)}"
+                )
+            if inputs.range == (None, None):
+                for term in ("pending", "discarded"):
+                    if left_out[term] != last[term]:
+                        problems.append(
+                            f"the ledger counts {last[term]} {term} tuples, the recomputation finds {left_out[term]}"
+                        )
+            rows.append(
+                {
+                    "check": "totals",
+                    "item": f"{spec.name} after batch {last['batch']}",
+                    "ledger_tables": "; ".join(problems) or None,
+                }
+            )
+    return rows
+
+
+def frame(inputs: SuiteInputs) -> DataFrame:
+    expected, left_out = recompute(inputs)
+    windows = _window_checks(inputs, expected)
+    counts = {r["window"]: int(r["count"]) for r in inputs.tables["windows"].groupBy("window").count().collect()}
+    ledger = _ledger_checks(inputs, left_out, counts)
+    schema = "check string, item string, ledger_identity string, ledger_xor string, ledger_tables string"
+    extra = inputs.spark.createDataFrame(
+        [{k: r.get(k) for k in ("check", "item", "ledger_identity", "ledger_xor", "ledger_tables")} for r in ledger],
+        schema,
+    )
+    return windows.unionByName(extra, allowMissingColumns=True)
+
+
+def expectations(inputs: SuiteInputs) -> list[Any]:
+    import great_expectations.expectations as gxe
+
+    names = list(dict.fromkeys(a.output_name for s in inputs.config.windows for a in s.aggregations))
+    out: list[Any] = [
+        gxe.ExpectColumnValuesToBeInSet(
+            column="presence",
+            value_set=["both"],
+            description="every emitted window is in the recomputation, and every recomputed window was emitted",
+        )
+    ]
+    for n in names:
+        out.append(
+            gxe.ExpectColumnValuesToBeNull(
+                column=f"{n}_mismatch", description=f"{n} of every emitted window equals the recomputation"
+            )
+        )
+    out += [
+        gxe.ExpectColumnValuesToBeNull(
+            column="ledger_identity",
+            description="per batch: tuples read = in windows + unwindowed + late + no event time + outside the "
+            "range + pending + duplicates",
+        ),
+        gxe.ExpectColumnValuesToBeNull(
+            column="ledger_xor",
+            description="per batch: XOR of the buffer copies read = XOR of those processed, pending and discarded",
+        ),
+        gxe.ExpectColumnValuesToBeNull(
+            column="ledger_tables",
+            description="the ledger's emitted windows and late tuples match the tables, and its pending and "
+            "duplicate tuples match the recomputation",
+        ),
+    ]
+    return out

@@ -1,0 +1,228 @@
+"""``replay validate``: the GX suites pass on a correct output and fail, by name, on broken ones."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from replay import GenerateOptions, generate_archive, parse_config, run
+from replay.cli import app
+from replay.config import JobConfig
+from replay.errors import CheckpointStateError
+from replay.outputs import latest_version, read_manifest, read_table, read_validation
+from replay.validate import ValidationOutcome, validate
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+def config_for(archive: Path, out: Path, **settings: Any) -> JobConfig:
+    base: dict[str, Any] = {
+        "archive": str(archive),
+        "output": str(out / "out"),
+        "checkpoint": str(out / "ckpt"),
+        "windows": [
+            {
+                "name": "tumbling",
+                "size": "500ms",
+                "aggregations": [
+                    {"fn": "count"},
+                    {"fn": "sum", "column": "value"},
+                    {"fn": "min", "column": "value"},
+                    {"fn": "mean", "column": "value"},
+                    {"fn": "max", "column": "value"},
+                ],
+            },
+            {
+                "name": "sliding",
+                "kind": "sliding",
+                "size": "1s",
+                "slide": "250ms",
+                "offset": "100ms",
+                "aggregations": [{"fn": "count", "column": "value"}, {"fn": "approx_count_distinct", "column": "key"}],
+            },
+        ],
+        "micro_batch": {"max_buffers": 12},
+        "validation": {"max_late_fraction": 0.5},
+    }
+    return parse_config(base | settings)
+
+
+@pytest.fixture(scope="module")
+def validated(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> tuple[JobConfig, ValidationOutcome]:
+    root = tmp_path_factory.mktemp("validate")
+    archive = root / "archive"
+    options = GenerateOptions(
+        origins=3,
+        tuples=1_500,
+        buffer_tuples=40,
+        keys=6,
+        seed=3,
+        gaps=1,
+        duplicates=2,
+        late_fraction=0.05,
+        multi_chunk_fraction=0.3,
+        files=3,
+    )
+    generate_archive(archive, options)
+    config = config_for(archive, root)
+    run(config, spark=spark)
+    assert config.output is not None
+    return config, validate(config.output, spark=spark)
+
+
+def test_every_suite_passes_on_a_correct_output(validated: tuple[JobConfig, ValidationOutcome]) -> None:
+    config, outcome = validated
+    assert config.output is not None
+    assert outcome.success, outcome.failures
+    names = [s["name"] for s in outcome.record["suites"]]
+    assert names == ["windows", "progress", "integrity", "reconciliation"]
+    assert all(s["evaluated"] >= 3 and s["failed"] == 0 for s in outcome.record["suites"])
+    # The reconciliation compared every emitted window with the recomputation, and found them all.
+    windows = read_table(config.output, "windows")
+    presence = next(e for s in outcome.record["suites"] for e in s["expectations"] if e["column"] == "presence")
+    assert presence["success"] and presence["element_count"] >= windows.num_rows > 10
+    assert read_validation(config.output, outcome.version) == json.loads(
+        json.dumps({"format_version": 1, "version": outcome.version, **outcome.record})
+    )
+    assert Path(outcome.data_docs).is_file()
+
+
+def _broken(output: str, to: Path, table: str, mutate: Callable[[pa.Table], pa.Table]) -> str:
+    """A copy of ``output`` whose newest version has ``table`` replaced by ``mutate(table)``."""
+    shutil.copytree(output, to, ignore=shutil.ignore_patterns("_validation", "*.validation.json"))
+    version = latest_version(to)
+    assert version is not None
+    broken = mutate(read_table(to, table, version))
+    pq.write_table(broken, to / "data" / table / "broken.parquet")
+    manifest = read_manifest(to, version)
+    manifest["tables"][table] = [f"data/{table}/broken.parquet"]
+    (to / "versions" / f"{version:06d}.json").write_text(json.dumps(manifest), encoding="utf-8")
+    return str(to)
+
+
+def _remove_window(t: pa.Table) -> pa.Table:
+    return pa.concat_tables([t.slice(0, 3), t.slice(4)])
+
+
+def _change_count(t: pa.Table) -> pa.Table:
+    counts = t["count"].to_pylist()
+    row = next(i for i, c in enumerate(counts) if c is not None)
+    counts[row] += 1
+    return t.set_column(t.schema.get_field_index("count"), "count", pa.array(counts, pa.int64()))
+
+
+def _duplicate_window(t: pa.Table) -> pa.Table:
+    return pa.concat_tables([t, t.slice(5, 1)])
+
+
+def _watermark_back(t: pa.Table) -> pa.Table:
+    last = pc.max(t["batch"]).as_py()
+    earlier = t.filter(pc.and_(pc.less(t["batch"], last), pc.is_valid(t["global_watermark"])))
+    assert earlier.num_rows, "the fixture needs a global watermark before the last batch"
+    lower = pc.min(earlier["global_watermark"]).cast(pa.int64()).as_py() - 1_000_000
+    values = [
+        lower if b == last else g
+        for b, g in zip(t["batch"].to_pylist(), t["global_watermark"].cast(pa.int64()).to_pylist(), strict=True)
+    ]
+    column = pa.array(values, pa.int64()).cast(t.schema.field("global_watermark").type)
+    return t.set_column(t.schema.get_field_index("global_watermark"), "global_watermark", column)
+
+
+def _add_conflict(t: pa.Table) -> pa.Table:
+    row = {name: [None] for name in t.schema.names} | {
+        "kind": ["conflict"],
+        "origin_id": [1],
+        "sequence_number": [2],
+        "chunk_number": [1],
+        "detail": ["planted by the test"],
+    }
+    return pa.concat_tables([t, pa.table(row, schema=t.schema)])
+
+
+BROKEN = {
+    # case: (table, mutation, suite, failing (expectation type, column))
+    "window removed": ("windows", _remove_window, "reconciliation", ("expect_column_values_to_be_in_set", "presence")),
+    "count changed": (
+        "windows",
+        _change_count,
+        "reconciliation",
+        ("expect_column_values_to_be_null", "count_mismatch"),
+    ),
+    "window duplicated": (
+        "windows",
+        _duplicate_window,
+        "windows",
+        ("expect_compound_columns_to_be_unique", ["window", "key", "window_start"]),
+    ),
+    "watermark backwards": (
+        "progress",
+        _watermark_back,
+        "progress",
+        ("expect_column_pair_values_a_to_be_greater_than_b", "global_us"),
+    ),
+    "conflict planted": ("integrity", _add_conflict, "integrity", ("expect_column_values_to_be_between", "conflicts")),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_a_suite_fails_on_a_broken_output_naming_the_expectation(
+    case: str, validated: tuple[JobConfig, ValidationOutcome], tmp_path: Path, spark: Any
+) -> None:
+    config, _ = validated
+    assert config.output is not None
+    table, mutate, suite, (kind, column) = BROKEN[case]
+    output = _broken(config.output, tmp_path / "out", table, mutate)
+    outcome = validate(output, suites=[suite], spark=spark)
+    assert not outcome.success
+    failed = {(e["type"], json.dumps(e["column"])) for s, e in outcome.failures}
+    assert (kind, json.dumps(column)) in failed, outcome.failures
+    assert {s for s, _ in outcome.failures} == {suite}
+
+
+def test_the_reconciliation_names_the_windows_and_the_ledger_it_disagrees_with(
+    validated: tuple[JobConfig, ValidationOutcome], tmp_path: Path, spark: Any
+) -> None:
+    config, _ = validated
+    assert config.output is not None
+    output = _broken(config.output, tmp_path / "out", "windows", _remove_window)
+    outcome = validate(output, suites=["reconciliation"], spark=spark)
+    by_column = {e["column"]: e for _, e in outcome.failures}
+    assert by_column["presence"]["unexpected_count"] == 1
+    assert by_column["presence"]["unexpected_examples"] == ["in the recomputation, not emitted"]
+    assert "emitted windows, the table has" in by_column["ledger_tables"]["unexpected_examples"][0]
+
+
+def test_the_cli_exits_1_and_names_the_failed_expectation(
+    validated: tuple[JobConfig, ValidationOutcome], tmp_path: Path, spark: Any
+) -> None:
+    config, _ = validated
+    assert config.output is not None
+    output = _broken(config.output, tmp_path / "out", "windows", _duplicate_window)
+    result = CliRunner().invoke(app, ["validate", output, "--suite", "windows"])
+    assert result.exit_code == 1, result.output
+    assert "expect_compound_columns_to_be_unique" in result.stderr
+    assert read_validation(output, 1) is not None and not read_validation(output, 1)["success"]  # type: ignore[index]
+
+
+def test_a_version_without_validation_facts_is_refused(
+    validated: tuple[JobConfig, ValidationOutcome], tmp_path: Path
+) -> None:
+    config, _ = validated
+    assert config.output is not None
+    to = tmp_path / "old"
+    shutil.copytree(config.output, to, ignore=shutil.ignore_patterns("_validation"))
+    manifest = read_manifest(to, 1)
+    del manifest["ledger_batches"]
+    (to / "versions" / "000001.json").write_text(json.dumps(manifest), encoding="utf-8")
+    with pytest.raises(CheckpointStateError) as caught:
+        validate(to)
+    assert caught.value.code == "output.not_validatable"

@@ -65,8 +65,11 @@ case "$cmd" in
         .venv/bin/replay generate data/demo/archive --origins 4 --tuples 200000 --buffer-tuples 500 \
             --keys 50 --files 4 --gaps 1 --duplicates 3 --late-fraction 0.01 --multi-chunk-fraction 0.2 "$@"
         .venv/bin/replay run --config examples/demo.yaml
+        .venv/bin/replay validate data/demo/out
+        .venv/bin/replay publish data/demo/out
+        .venv/bin/replay report --output data/demo/out --checkpoint data/demo/ckpt --to data/demo/report
         .venv/bin/replay digest data/demo/out
-        echo "dev.sh: archive in data/demo/archive, outputs in data/demo/out (see 'replay show data/demo/out --table windows'), checkpoint in data/demo/ckpt ('replay status --checkpoint data/demo/ckpt')." >&2
+        echo "dev.sh: archive in data/demo/archive, outputs in data/demo/out (see 'replay show data/demo/out --table windows'), checkpoint in data/demo/ckpt ('replay status --checkpoint data/demo/ckpt'), report in data/demo/report/index.html, Data Docs in data/demo/out/_validation/gx/uncommitted/data_docs/local_site/index.html." >&2
         ;;
     test)
         setup

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -35,4 +35,7 @@ class SuiteInputs:
     tables: Mapping[str, DataFrame]
     manifest: Mapping[str, Any]
     version: int
-    parts: Sequence[SuiteInputs] = field(default_factory=tuple)  # a merged publication: what it was built from
+    #: The event-time range the run replayed (differs from ``range`` for a merged publication, whose
+    #: windows outside it are the previous publication's, given in ``previous_windows``).
+    recompute_range: tuple[int | None, int | None] = (None, None)
+    previous_windows: DataFrame | None = None

@@ -20,6 +20,7 @@ from replay.errors import (
     EmptyArchiveError,
     IncompatibleCheckpointError,
     LedgerError,
+    PublicationError,
     ReplayError,
     WatermarkRegressionError,
 )
@@ -28,7 +29,10 @@ from replay.inspection import InspectReport, inspect_archive
 from replay.job import RunSummary, run
 from replay.outputs import list_versions, read_table
 from replay.progress import ProgressEngine, ProgressSnapshot
+from replay.publish import PublishOutcome, publish
+from replay.report import write_report
 from replay.status import checkpoint_status
+from replay.validate import ValidationOutcome, validate
 
 __all__ = [
     "ArchiveReadError",
@@ -48,8 +52,11 @@ __all__ = [
     "LedgerError",
     "ProgressEngine",
     "ProgressSnapshot",
+    "PublicationError",
+    "PublishOutcome",
     "ReplayError",
     "RunSummary",
+    "ValidationOutcome",
     "WatermarkRegressionError",
     "checkpoint_status",
     "digest",
@@ -59,7 +66,10 @@ __all__ = [
     "list_versions",
     "load_config",
     "parse_config",
+    "publish",
     "read_table",
     "run",
     "show_lines",
+    "validate",
+    "write_report",
 ]

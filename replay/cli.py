@@ -391,6 +391,51 @@ def validate(
         raise typer.Exit(1)
 
 
+@app.command()
+def publish(
+    output: Annotated[str, typer.Argument(help="Output directory.")],
+    version: Annotated[int | None, typer.Option("--version", help="Version (default: the newest run's).")] = None,
+    retain: Annotated[
+        int | None, typer.Option("--retain", help="Keep the newest N versions (default: the job's setting).")
+    ] = None,
+) -> None:
+    """Make a validated version the current publication (atomically), with its corrections."""
+    from replay.publish import publish as publish_version
+
+    try:
+        outcome = publish_version(output, version, retain_versions=retain)
+    except ReplayError as error:
+        raise _fail(error) from error
+    if not outcome.changed:
+        typer.echo(f"version {outcome.source} is already published (current: version {outcome.publication})")
+        return
+    counts = ", ".join(f"{n} {k}" for k, n in outcome.corrections.items())
+    typer.echo(
+        f"published version {outcome.source} as version {outcome.publication} (previous: {outcome.previous}); "
+        f"corrections: {counts}"
+        + (f"; removed versions {', '.join(map(str, outcome.removed_versions))}" if outcome.removed_versions else "")
+    )
+
+
+@app.command()
+def report(
+    output: Annotated[str, typer.Option("--output", help="Output directory.")],
+    to: Annotated[Path, typer.Option("--to", help="Directory to write index.html to (created if needed).")],
+    checkpoint: Annotated[
+        str | None, typer.Option("--checkpoint", help="Checkpoint directory: adds its stream cut and watermarks.")
+    ] = None,
+    version: Annotated[int | None, typer.Option("--version", help="Version (default: published, else newest).")] = None,
+) -> None:
+    """Write a self-contained HTML report (watermarks, lateness, integrity, validation, corrections); print its path."""
+    from replay.report import write_report
+
+    try:
+        path = write_report(output, checkpoint, to, version=version)
+    except ReplayError as error:
+        raise _fail(error) from error
+    typer.echo(str(path))
+
+
 def _print_inspection(data: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -445,6 +490,7 @@ def main() -> None:
     """Entry point of the ``replay`` script."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
     app()
 
 

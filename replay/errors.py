@@ -28,6 +28,7 @@ __all__ = [
     "IncompatibleCheckpointError",
     "LedgerError",
     "Location",
+    "PublicationError",
     "ReplayError",
     "WatermarkRegressionError",
 ]
@@ -189,6 +190,12 @@ class CheckpointStateError(DataError):
     """The checkpoint's persisted state is unreadable or inconsistent with the archive."""
 
     code = "checkpoint.state"
+
+
+class PublicationError(DataError):
+    """``replay publish`` refused a version: not validated, failed validation, or not a run's version."""
+
+    code = "publish.refused"
 
 
 class LedgerError(DataError):

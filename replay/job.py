@@ -270,7 +270,7 @@ def _integrity_table(snapshot: ProgressSnapshot, discarded: Sequence[_state.Disc
         local, base = local_path(path), local_path(root)
         if local is not None and base is not None:
             try:
-                return str(Path(local).relative_to(base))
+                return str(Path(local).resolve().relative_to(Path(base).resolve()))  # the archive may be relative
             except ValueError:
                 return local
         return path

@@ -77,13 +77,23 @@ def _inputs(spark: SparkSession, output: Path, version: int, manifest: dict[str,
 
     config = JobConfig.model_validate(manifest["config"])
     layout = inspect_schema(config, manifest["files"])
+    run_range = (manifest["range"][0], manifest["range"][1]) if manifest.get("range") else (None, None)
+    shown_range = run_range
+    previous_windows = None
+    if manifest.get("kind") == "publication" and manifest.get("merged_range"):
+        # The previous publication's windows outside the range were copied; the suites check the whole.
+        shown_range = (None, None)
+        previous = read_manifest(output, int(manifest["previous"]))
+        previous_windows = spark_table(spark, output, previous, "windows")
     return SuiteInputs(
         spark=spark,
         config=config,
         layout=layout,
         mode=manifest["lateness"],
         effective={k["key"]: int(k["effective"]) for k in manifest["watermarks"]},
-        range=(manifest["range"][0], manifest["range"][1]) if manifest.get("range") else (None, None),
+        range=shown_range,
+        recompute_range=run_range,
+        previous_windows=previous_windows,
         tables={t: spark_table(spark, output, manifest, t) for t in TABLES if t != "corrections"},
         manifest=manifest,
         version=version,
@@ -96,7 +106,9 @@ def _context(root: Path) -> Any:
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
     context = gx.get_context(mode="file", project_root_dir=str(root))
-    if context.variables.progress_bars is None or context.variables.progress_bars.globally:
+    bars = context.variables.progress_bars  # a dict once read back from great_expectations.yml
+    enabled = bars is None or (bars.get("globally", True) if isinstance(bars, dict) else bars.globally)
+    if enabled:
         context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
         context.variables.save()
     return context

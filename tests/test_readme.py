@@ -42,6 +42,9 @@ def test_readme_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sp
         "run",
         "run",
         "status",
+        "validate",
+        "publish",
+        "report",
         "digest",
         "show",
     ]

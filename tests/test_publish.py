@@ -1,0 +1,210 @@
+"""``replay publish``: only validated versions, an atomic flip, range merges and their corrections."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from replay import GenerateOptions, generate_archive, parse_config, run
+from replay.config import JobConfig
+from replay.errors import PublicationError
+from replay.outputs import current_version, list_versions, read_manifest, read_table
+from replay.publish import publish
+from replay.validate import validate
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+MS = 1_000
+
+
+def config_for(archive: Path, out: Path) -> JobConfig:
+    return parse_config(
+        {
+            "archive": str(archive),
+            "output": str(out),
+            "checkpoint": str(out.parent / f"{out.name}-ckpt"),
+            "windows": [
+                {
+                    "name": "tumbling",
+                    "size": "500ms",
+                    "aggregations": [{"fn": "count"}, {"fn": "sum", "column": "value"}],
+                },
+                {
+                    "name": "sliding",
+                    "kind": "sliding",
+                    "size": "1s",
+                    "slide": "250ms",
+                    "aggregations": [{"fn": "count"}, {"fn": "max", "column": "value"}],
+                },
+            ],
+            "micro_batch": {"max_buffers": 20},
+            "validation": {"max_late_fraction": 0.5},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> tuple[JobConfig, Path]:
+    """An origin-mode archive replayed, validated and published once (version 1 published as 2)."""
+    root = tmp_path_factory.mktemp("publish")
+    archive = root / "archive"
+    generate_archive(
+        archive,
+        GenerateOptions(
+            origins=3, tuples=1_500, buffer_tuples=40, keys=5, seed=8, duplicates=2, files=2, ingest_ts=False
+        ),
+    )
+    config = config_for(archive, root / "out")
+    run(config, spark=spark)
+    assert validate(root / "out", 1, spark=spark).success
+    outcome = publish(root / "out")
+    assert (outcome.source, outcome.publication, outcome.previous) == (1, 2, None)
+    return config, root
+
+
+def test_the_first_publication_adds_every_window_and_changes_nothing_twice(
+    published: tuple[JobConfig, Path],
+) -> None:
+    config, _ = published
+    out = Path(str(config.output))
+    assert current_version(out) == 2
+    windows = read_table(out, "windows", 1)
+    fixes = read_table(out, "corrections")
+    assert fixes["change"].to_pylist() == ["added"] * windows.num_rows
+    again = publish(out)
+    assert not again.changed and again.publication == 2 and list_versions(out) == [1, 2]
+
+
+def test_unvalidated_and_failed_versions_are_refused(
+    published: tuple[JobConfig, Path], tmp_path: Path, spark: Any
+) -> None:
+    config, _ = published
+    out = tmp_path / "out"
+    shutil.copytree(str(config.output), out)
+    run(
+        config.with_overrides(output=str(out), checkpoint=str(tmp_path / "ckpt")),
+        spark=spark,
+        start=0,
+        end=1_893_456_000_000_000,
+    )
+    assert list_versions(out) == [1, 2, 3]
+    with pytest.raises(PublicationError) as unvalidated:
+        publish(out, 3)
+    assert unvalidated.value.code == "publish.unvalidated" and "replay validate" in unvalidated.value.message
+    # Break version 3's windows (a window twice): its validation fails, and so does publishing it.
+    windows = read_table(out, "windows", 3)
+    pq.write_table(pa.concat_tables([windows, windows.slice(0, 1)]), out / "data" / "windows" / "twice.parquet")
+    manifest = read_manifest(out, 3)
+    manifest["tables"]["windows"] = ["data/windows/twice.parquet"]
+    (out / "versions" / "000003.json").write_text(json.dumps(manifest), encoding="utf-8")
+    assert not validate(out, 3, suites=["windows"], spark=spark).success
+    with pytest.raises(PublicationError) as failed:
+        publish(out, 3)
+    assert failed.value.code == "publish.failed_validation"
+    assert "expect_compound_columns_to_be_unique" in failed.value.message
+    assert current_version(out) == 2
+    with pytest.raises(PublicationError) as not_a_run:
+        publish(out, 2)
+    assert not_a_run.value.code == "publish.not_a_run"
+
+
+def _add_buffer(archive: Path, start: int, end: int) -> None:
+    """Archive one more buffer: a new origin's only sequence, with tuples inside ``[start, end)``.
+
+    Its watermark is the archive's highest, so the global watermark (a minimum) does not move.
+    """
+    table = pa.concat_tables([pq.read_table(p) for p in sorted(archive.glob("*.parquet"))])
+    origin = max(table["origin_id"].to_pylist()) + 1
+    watermark = max(t.value for t in table["watermark_ts"] if t.is_valid)
+    times = [start + 300 * MS, start + 700 * MS, start + 1_300 * MS, end - 200 * MS]
+    rows = [
+        {
+            "origin_id": origin,
+            "sequence_number": 1,
+            "chunk_number": 1,
+            "last_chunk": True,
+            "watermark_ts": watermark,
+            "idle": False,
+            "event_time": t,
+            "key": 1 + i % 2,
+            "value": 1000.5 + i,
+        }
+        for i, t in enumerate(times)
+    ]
+    columns = {name: [r.get(name) for r in rows] for name in table.schema.names}
+    pq.write_table(pa.table(columns, schema=table.schema), archive / "zz-added.parquet")
+
+
+def _ids(table: pa.Table) -> dict[tuple[Any, ...], dict[str, Any]]:
+    return {(r["window"], r["key"], r["window_start"]): r for r in table.to_pylist()}
+
+
+def test_a_range_backfill_after_a_buffer_was_added_corrects_exactly_the_changed_windows(
+    published: tuple[JobConfig, Path], tmp_path: Path, spark: Any
+) -> None:
+    config, _ = published
+    out = tmp_path / "out"
+    shutil.copytree(str(config.output), out)
+    archive = tmp_path / "archive"
+    shutil.copytree(config.archive, archive)
+    before = read_table(out, "windows", 2)
+    starts = sorted({t.value for t in before["window_start"]})
+    start = starts[len(starts) // 3] // 1_000_000 * 1_000_000
+    end = start + 3_000_000
+    _add_buffer(archive, start, end)
+    job = config.with_overrides(archive=str(archive), output=str(out), checkpoint=str(tmp_path / "range-ckpt"))
+
+    # A crash between validation and publication leaves the previous publication current.
+    run(job, spark=spark, start=start, end=end)
+    assert list_versions(out) == [1, 2, 3]
+    assert validate(out, 3, spark=spark).success
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("REPLAY_FAULT", "publish:before_flip")
+        with pytest.raises(SystemExit):
+            publish(out, 3)
+    assert current_version(out) == 2 and read_table(out, "windows").equals(before)
+    outcome = publish(out, 3)
+    assert (outcome.publication, outcome.previous, list_versions(out)) == (4, 2, [1, 2, 3, 4])  # reused, not redone
+
+    # What a full replay of the changed archive gives inside the range is what must change, and nothing else.
+    full_out = tmp_path / "full"
+    run(config.with_overrides(archive=str(archive), output=str(full_out), checkpoint=str(tmp_path / "fc")), spark=spark)
+    inside = lambda r: r["window_start"].timestamp() * 1e6 >= start and r["window_end"].timestamp() * 1e6 <= end  # noqa: E731
+    old = {k: r for k, r in _ids(before).items() if inside(r)}
+    new = {k: r for k, r in _ids(read_table(full_out, "windows")).items() if inside(r)}
+    expected = {k: "added" for k in new.keys() - old.keys()} | {k: "retracted" for k in old.keys() - new.keys()}
+    expected |= {k: "changed" for k in new.keys() & old.keys() if new[k] != old[k]}
+    assert expected, "the added buffer must change some windows inside the range"
+    fixes = read_table(out, "corrections").to_pylist()
+    assert {(r["window"], r["key"], r["window_start"]): r["change"] for r in fixes} == expected
+    for r in fixes:
+        if r["change"] == "changed":
+            key = (r["window"], r["key"], r["window_start"])
+            assert (r["before_count"], r["after_count"]) == (old[key]["count"], new[key]["count"])
+
+    # The publication is the previous one with exactly the range's windows replaced.
+    published_rows = _ids(read_table(out, "windows"))
+    assert published_rows == {k: r for k, r in _ids(before).items() if not inside(r)} | new
+    assert outcome.corrections == {c: list(expected.values()).count(c) for c in ("added", "changed", "retracted")}
+
+    # The merged publication validates as a whole, and earlier versions stay readable.
+    assert validate(out, spark=spark, suites=["windows", "reconciliation"]).record["suites"][1]["success"]
+    assert read_table(out, "windows", 2).equals(before)
+
+    # Retention keeps the newest version, the current publication and what it was built from (its source and
+    # the publication it corrects), and deletes the files only the others used.
+    assert not publish(out, 3, retain_versions=1).changed
+    range_windows = [out / entry for entry in read_manifest(out, 3)["tables"]["windows"]]
+    assert range_windows and all(p.exists() for p in range_windows)
+    again = publish(out, 1, retain_versions=1)
+    assert again.changed and current_version(out) == 5
+    assert set(again.removed_versions) == {2, 3} and list_versions(out) == [1, 4, 5]
+    assert not any(p.exists() for p in range_windows)
+    assert read_table(out, "windows").equals(read_table(out, "windows", 1))
+    assert read_table(out, "windows", 4).num_rows == len(published_rows)

@@ -569,6 +569,13 @@ def run(
             where=Location(field="output"),
             todo="set 'output' in the job file or pass --output",
         )
+    for name, bound in (("start", start), ("end", end)):
+        if bound is not None and not -62_135_596_800_000_000 <= bound <= 253_402_300_799_999_999:
+            raise ConfigError(
+                f"the backfill {name} {bound} (microseconds since the epoch) is outside the years 1 to 9999",
+                where=Location(field=name),
+                todo=f"pass a {name} between 0001-01-01 and 9999-12-31, or none for an open range",
+            )
     if start is not None and end is not None and start >= end:
         raise ConfigError(
             f"the backfill range is empty: start {format_ts(start)} is not before end {format_ts(end)}",

@@ -95,17 +95,20 @@ def _late_in_range(table: pa.Table, config: JobConfig, start: int | None, end: i
     """Rows of a late table whose event time (of the row's key) lies inside ``[start, end)``."""
     import pyarrow.compute as pc
 
-    keys = config.watermark_keys
-    inside = []
-    for i in range(table.num_rows):
-        key = table["wm_key"][i].as_py()
-        column = keys[key].event_time if key in keys else "event_time"
-        value = table[column][i]
-        t = value.cast(pa.timestamp("us", tz="UTC")).value if pa.types.is_timestamp(value.type) else value.as_py()
-        if config.time_unit == "ms" and not pa.types.is_timestamp(value.type):
-            t = t * 1000
-        inside.append((start is None or t >= start) and (end is None or t < end))
-    return pc.cast(pa.array(inside, pa.bool_()), pa.bool_())
+    inside = pa.array([False] * table.num_rows)
+    for key, settings in config.watermark_keys.items():
+        column = table[settings.event_time]
+        if pa.types.is_timestamp(column.type):
+            micros = column.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
+        else:  # int64 epoch milliseconds (time_unit: ms)
+            micros = pc.multiply(column.cast(pa.int64()), 1000)
+        mine = pc.equal(table["wm_key"], key)
+        if start is not None:
+            mine = pc.and_(mine, pc.greater_equal(micros, start))
+        if end is not None:
+            mine = pc.and_(mine, pc.less(micros, end))
+        inside = pc.or_(inside, pc.fill_null(mine, False))
+    return inside
 
 
 def _row_ids(table: pa.Table) -> pa.Array:

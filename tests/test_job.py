@@ -24,7 +24,7 @@ from replay.archive import inspect_schema
 from replay.buffers import scan_buffers
 from replay.config import JobConfig, parse_config
 from replay.digest import canonical_lines, digest
-from replay.errors import ConflictingDuplicateError, IncompatibleCheckpointError
+from replay.errors import ConfigError, ConflictingDuplicateError, IncompatibleCheckpointError
 from replay.generate import GenerateOptions, generate_archive
 from replay.job import run
 from replay.outputs import read_table
@@ -322,3 +322,21 @@ def test_copies_of_a_buffer_are_read_once_wherever_they_are(tmp_path: Path, spar
     same_file = [d.file == d.kept_file for d in scan.duplicates] + [c.other_file == c.kept_file for c in scan.conflicts]
     assert len(same_file) == 5 and all(same_file) == (files == 1) and any(same_file) == (files == 1)
     assert job_view(config, spark) == reference_view(config)
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "field"),
+    [
+        (2_000_000, 1_000_000, "start"),  # empty: [start, end) needs start < end
+        (1_000_000, 1_000_000, "start"),
+        (0, 2**62, "end"),  # beyond the year 9999
+        (-(2**62), 0, "start"),
+    ],
+)
+def test_a_bad_backfill_range_is_a_configuration_error(
+    archive: Path, tmp_path: Path, start: int, end: int, field: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        run(job(archive, tmp_path), start=start, end=end)
+    assert caught.value.where.field == field and caught.value.exit_code == 2
+    assert not (tmp_path / "ckpt").exists()  # refused before anything is written

@@ -226,3 +226,24 @@ def test_a_version_without_validation_facts_is_refused(
     with pytest.raises(CheckpointStateError) as caught:
         validate(to)
     assert caught.value.code == "output.not_validatable"
+
+
+def test_the_data_docs_keep_a_bounded_history(
+    validated: tuple[JobConfig, ValidationOutcome], tmp_path: Path, spark: Any
+) -> None:
+    config, _ = validated
+    assert config.output is not None
+    out = tmp_path / "out"
+    shutil.copytree(config.output, out, ignore=shutil.ignore_patterns("_validation"))
+    manifest = read_manifest(out, 1)
+    manifest["config"]["validation"]["docs_history"] = 2  # a judging setting, not part of the fingerprint
+    (out / "versions" / "000001.json").write_text(json.dumps(manifest), encoding="utf-8")
+    gx = out / "_validation" / "gx" / "uncommitted"
+    counts = []
+    for _ in range(3):
+        assert validate(out, suites=["integrity"], spark=spark).record["suites"][0]["success"]
+        results = list((gx / "validations" / "integrity").rglob("*.json"))
+        pages = list((gx / "data_docs" / "local_site" / "validations" / "integrity").rglob("*.html"))
+        counts.append((len(results), len(pages)))
+    assert counts == [(1, 1), (2, 2), (2, 2)]
+    assert (gx / "data_docs" / "local_site" / "index.html").is_file()

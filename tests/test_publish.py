@@ -208,3 +208,32 @@ def test_a_range_backfill_after_a_buffer_was_added_corrects_exactly_the_changed_
     assert not any(p.exists() for p in range_windows)
     assert read_table(out, "windows").equals(read_table(out, "windows", 1))
     assert read_table(out, "windows", 4).num_rows == len(published_rows)
+
+
+@pytest.mark.parametrize("time_unit", ["native", "ms"])
+def test_a_range_replaces_the_late_rows_whose_own_key_event_time_is_inside_it(time_unit: str) -> None:
+    from replay.publish import _late_in_range
+
+    config = parse_config(
+        {
+            "archive": "unused",
+            "time_unit": time_unit,
+            "watermarks": {"a": {"event_time": "t1"}, "b": {"event_time": "t2"}},
+        }
+    )
+    seconds = [(1, 9), (5, 1), (10, 5), (None, 5), (5, None)]
+    keys = ["a", "b", "a", "b", "a"]
+    if time_unit == "ms":
+        columns = [
+            pa.array([None if v is None else v * 1000 for v in c], pa.int64()) for c in zip(*seconds, strict=True)
+        ]
+    else:
+        columns = [
+            pa.array([None if v is None else v * 1_000_000 for v in c], pa.timestamp("us", tz="UTC"))
+            for c in zip(*seconds, strict=True)
+        ]
+    table = pa.table({"wm_key": keys, "t1": columns[0], "t2": columns[1]})
+    # [5 s, 10 s): row 0 (a: t1 = 1) out, row 1 (b: t2 = 1) out, row 2 (a: t1 = 10) out (end is open),
+    # row 3 (b: t2 = 5) in although its t1 is null, row 4 (a: t1 = 5) in although its t2 is null.
+    inside = _late_in_range(table, config, 5_000_000, 10_000_000)
+    assert inside.to_pylist() == [False, False, False, True, True]

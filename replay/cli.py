@@ -352,7 +352,7 @@ def show(
 @app.command()
 def validate(
     output: Annotated[str, typer.Argument(help="Output directory.")],
-    version: Annotated[int | None, typer.Option("--version", help="Version (default: published, else newest).")] = None,
+    version: Annotated[int | None, typer.Option("--version", help="Version (default: the newest run's).")] = None,
     suite: Annotated[
         list[str] | None, typer.Option("--suite", help="Run only this suite (repeatable); the verdict needs all.")
     ] = None,

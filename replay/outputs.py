@@ -34,6 +34,7 @@ from replay.errors import ConfigError, Location
 __all__ = [
     "TABLES",
     "current_version",
+    "latest_run_version",
     "latest_version",
     "list_versions",
     "read_manifest",
@@ -63,6 +64,13 @@ def list_versions(output: str | Path) -> list[int]:
 def latest_version(output: str | Path) -> int | None:
     versions = list_versions(output)
     return versions[-1] if versions else None
+
+
+def latest_run_version(output: str | Path) -> int | None:
+    """The newest version a run wrote (not a publication), or ``None``: what to validate and publish next."""
+    root = Path(output)
+    runs = [v for v in list_versions(root) if read_manifest(root, v).get("kind", "run") == "run"]
+    return runs[-1] if runs else None
 
 
 def current_version(output: str | Path) -> int | None:

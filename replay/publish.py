@@ -32,7 +32,7 @@ from replay.config import JobConfig
 from replay.errors import Location, PublicationError
 from replay.outputs import (
     current_version,
-    latest_version,
+    latest_run_version,
     list_versions,
     read_manifest,
     read_table,
@@ -41,7 +41,7 @@ from replay.outputs import (
     write_manifest,
 )
 
-__all__ = ["PublishOutcome", "corrections", "latest_run_version", "publish"]
+__all__ = ["PublishOutcome", "corrections", "publish"]
 
 _ID = ("window", "wm_key", "key", "window_start", "window_end")
 
@@ -342,10 +342,3 @@ def _write_publication(root: Path, v: int, manifest: dict[str, Any], config: Job
         "schemas": dict(manifest.get("schemas", {})) | {"corrections": _schema_hex(fixes.schema)},
     }
     return write_manifest(root, document)
-
-
-def latest_run_version(output: str | Path) -> int | None:
-    """The newest version written by a run (not by ``publish``)."""
-    root = Path(output)
-    runs = [v for v in list_versions(root) if read_manifest(root, v).get("kind", "run") == "run"]
-    return runs[-1] if runs else latest_version(root)

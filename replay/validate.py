@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 from replay.config import JobConfig
 from replay.errors import CheckpointStateError, ConfigError, Location, ReplayError
-from replay.outputs import TABLES, read_manifest, read_validation, resolve_version, table_files, write_validation
+from replay.outputs import (
+    TABLES,
+    latest_run_version,
+    read_manifest,
+    read_validation,
+    resolve_version,
+    table_files,
+    write_validation,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -170,7 +178,7 @@ def validate(
     spark: SparkSession | None = None,
     on_step: Callable[[str, int, int], None] | None = None,
 ) -> ValidationOutcome:
-    """Validate one version of ``output`` (default: the published one, else the newest).
+    """Validate one version of ``output`` (default: the newest run's version, the one to publish next).
 
     Runs ``suites`` (default: all of ``expectations.SUITES``), writes the Data Docs and the
     record ``versions/<version>.validation.json``, and returns the verdict; a failed
@@ -188,7 +196,7 @@ def validate(
     from replay.spark import get_session
 
     root = Path(output)
-    v = resolve_version(root, version)
+    v = resolve_version(root, version if version is not None else latest_run_version(root))
     manifest = read_manifest(root, v)
     if "config" not in manifest or "ledger_batches" not in manifest:
         raise _error(

@@ -69,7 +69,8 @@ def spark_table(spark: SparkSession, output: Path, manifest: dict[str, Any], tab
     import pyarrow as pa
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    files = table_files(output, manifest, table)
+    # Absolute: the JVM resolves relative paths against its own working directory, not Python's.
+    files = [str(Path(f).absolute()) for f in table_files(output, manifest, table)]
     if files:
         return spark.read.option("mergeSchema", "true").parquet(*files)
     hexed = manifest.get("schemas", {}).get(table)

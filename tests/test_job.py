@@ -111,7 +111,7 @@ def test_any_batch_plan_gives_the_same_digests(
     summary = run(whole, spark=spark)
     assert summary.batches == 1 and summary.windows_emitted > 0 and sum(summary.late_tuples.values()) > 0
     expected = digests(whole)
-    for max_buffers in (1, 3, 17):
+    for max_buffers in (1, 17):  # every buffer its own batch, and a few large batches
         config = job(
             source, tmp_path / f"b{max_buffers}", micro_batch={"max_buffers": max_buffers}, gap_policy=gap_policy
         )

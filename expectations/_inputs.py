@@ -28,14 +28,20 @@ class SuiteInputs:
 
     spark: SparkSession
     config: JobConfig
-    layout: ArchiveLayout | None  # None when the archive cannot be read (reconciliation then fails, named)
+    layout: ArchiveLayout
     mode: str
     effective: Mapping[str, int]
     range: tuple[int | None, int | None]
     tables: Mapping[str, DataFrame]
     manifest: Mapping[str, Any]
     version: int
+    late_per_key: Mapping[str, int]  # rows of the late table per watermark key
     #: The event-time range the run replayed (differs from ``range`` for a merged publication, whose
     #: windows outside it are the previous publication's, given in ``previous_windows``).
     recompute_range: tuple[int | None, int | None] = (None, None)
     previous_windows: DataFrame | None = None
+
+    @property
+    def aggregation_columns(self) -> list[str]:
+        """The ``windows`` table's aggregation columns: the union over the window aggregations, in order."""
+        return list(dict.fromkeys(a.output_name for spec in self.config.windows for a in spec.aggregations))

@@ -33,7 +33,7 @@ def frame(inputs: SuiteInputs) -> DataFrame:
     counts: dict[tuple[str, str | None], int] = {}
     for found in inputs.tables["integrity"].groupBy("kind", "wm_key").count().collect():
         counts[(found["kind"], found["wm_key"])] = int(found["count"])
-    late = {row["wm_key"]: int(row["count"]) for row in inputs.tables["late"].groupBy("wm_key").count().collect()}
+    late = inputs.late_per_key
     read = int(inputs.manifest.get("counts", {}).get("tuples_read", 0))
     rows = []
     for key in inputs.effective:

@@ -46,7 +46,6 @@ def _kept_rows(inputs: SuiteInputs) -> tuple[DataFrame, DataFrame]:
     from replay.buffers import read_rows
 
     layout = inputs.layout
-    assert layout is not None
     rows = read_rows(inputs.spark, layout).select(
         "*",
         F.col(f"`{layout.origin_id}`").cast("long").alias("_o"),
@@ -75,14 +74,16 @@ def _tuple_flag(layout: Any) -> Column:
     return flag
 
 
-def _window_rows(rows: DataFrame, spec: WindowSpec, inputs: SuiteInputs, t: Column) -> DataFrame:
+def _window_rows(rows: DataFrame, spec: WindowSpec, inputs: SuiteInputs) -> DataFrame:
+    """``rows`` (with their event time ``_t``) once per window holding them, as ``_start``."""
     from pyspark.sql import functions as F
 
+    t = F.col("_t")
     size, slide, offset = spec.size, spec.effective_slide, spec.offset
     latest = t - F.pmod(t - F.lit(offset), F.lit(slide))
     per_tuple = -(-size // slide)  # windows a tuple can fall in
     starts = F.sequence(latest - F.lit((per_tuple - 1) * slide), latest, F.lit(slide))
-    out = rows.select("*", t.alias("_t")).select("*", F.explode(starts).alias("_start"))
+    out = rows.select("*", F.explode(starts).alias("_start"))
     out = out.where(F.col("_start") + F.lit(size) > F.col("_t"))
     effective = inputs.effective.get(spec.wm_key, -(2**63))
     out = out.where(F.col("_start") + F.lit(size) <= F.lit(effective))
@@ -120,7 +121,6 @@ def recompute(inputs: SuiteInputs) -> tuple[DataFrame, dict[str, int]]:
     from replay.buffers import time_micros
 
     layout = inputs.layout
-    assert layout is not None
     kept, discarded = _kept_rows(inputs)
     is_tuple = _tuple_flag(layout)
     left_out = {"discarded": discarded.where(is_tuple).count(), "pending": 0}
@@ -136,8 +136,7 @@ def recompute(inputs: SuiteInputs) -> tuple[DataFrame, dict[str, int]]:
     for spec in inputs.config.windows:
         key = late_kind[spec.wm_key]
         kind = layout.time_columns[key.event_time]
-        t = time_micros(kept, key.event_time, kind)
-        rows = kept.where(t.isNotNull())
+        rows = kept.withColumn("_t", time_micros(kept, key.event_time, kind)).where("_t IS NOT NULL")
         late_k = late.where(F.col("wm_key") == spec.wm_key).select(
             F.col("origin_id").alias("_o"),
             F.col("sequence_number").alias("_s"),
@@ -149,10 +148,10 @@ def recompute(inputs: SuiteInputs) -> tuple[DataFrame, dict[str, int]]:
             (rows["_o"] == late_k["_o"])
             & (rows["_s"] == late_k["_s"])
             & (rows["_c"] == late_k["_c"])
-            & (time_micros(rows, key.event_time, kind) == late_k["_late_t"]),
+            & (rows["_t"] == late_k["_late_t"]),
             "left_anti",
         )
-        windowed = _window_rows(rows, spec, inputs, time_micros(rows, key.event_time, kind))
+        windowed = _window_rows(rows, spec, inputs)
         aggs = [_aggregate(a.column, a.fn).alias(a.output_name) for a in spec.aggregations]
         frames.append(
             windowed.groupBy(F.col(f"`{layout.key}`").alias("key"), F.col("_start").alias("start_us"))
@@ -188,8 +187,7 @@ def _window_checks(inputs: SuiteInputs, expected: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     actual = inputs.tables["windows"].select("*", F.unix_micros("window_start").alias("start_us"))
-    names = [a.output_name for s in inputs.config.windows for a in s.aggregations]
-    names = list(dict.fromkeys(names))
+    names = inputs.aggregation_columns
     a = actual.select(
         F.col("window").alias("a_window"),
         F.col("key").alias("a_key"),
@@ -292,7 +290,6 @@ def _ledger_checks(
             )
     if batches and inputs.previous_windows is None:  # a merged publication's tables hold more than its run
         last = batches[-1]
-        late_rows = {r["wm_key"]: int(r["count"]) for r in inputs.tables["late"].groupBy("wm_key").count().collect()}
         for spec in inputs.config.windows:
             w = last["windows"][spec.name]
             problems = []
@@ -301,10 +298,10 @@ def _ledger_checks(
                     f"the ledger counts {w['emitted_windows']} emitted windows, the table has "
                     f"{window_counts.get(spec.name, 0)}"
                 )
-            if late_rows.get(spec.wm_key, 0) != w["late"]:
+            if inputs.late_per_key.get(spec.wm_key, 0) != w["late"]:
                 problems.append(
                     f"the ledger counts {w['late']} late tuples of key {spec.wm_key}, the late table has "
-                    f"{late_rows.get(spec.wm_key, 0)}"
+                    f"{inputs.late_per_key.get(spec.wm_key, 0)}"
                 )
             if inputs.recompute_range == (None, None):
                 for term in ("pending", "discarded"):
@@ -332,7 +329,7 @@ def _outside(inputs: SuiteInputs, windows: DataFrame) -> DataFrame:
         inside = inside & (F.unix_micros("window_start") >= F.lit(start))
     if end is not None:
         inside = inside & (F.unix_micros("window_end") <= F.lit(end))
-    names = list(dict.fromkeys(a.output_name for s in inputs.config.windows for a in s.aggregations))
+    names = inputs.aggregation_columns
     return windows.where(~inside).select(
         "window", "key", F.unix_micros("window_start").alias("start_us"), *[F.col(f"`{n}`") for n in names]
     )
@@ -356,7 +353,7 @@ def frame(inputs: SuiteInputs) -> DataFrame:
 def expectations(inputs: SuiteInputs) -> list[Any]:
     import great_expectations.expectations as gxe
 
-    names = list(dict.fromkeys(a.output_name for s in inputs.config.windows for a in s.aggregations))
+    names = inputs.aggregation_columns
     out: list[Any] = [
         gxe.ExpectColumnValuesToBeInSet(
             column="presence",

@@ -39,20 +39,11 @@ def frame(inputs: SuiteInputs) -> DataFrame:
     )
 
 
-def _columns(inputs: SuiteInputs) -> list[str]:
-    names = ["window", "wm_key", "key", "window_start", "window_end"]
-    for spec in inputs.config.windows:
-        for agg in spec.aggregations:
-            if agg.output_name not in names:
-                names.append(agg.output_name)
-    return names
-
-
 def expectations(inputs: SuiteInputs) -> list[Any]:
     import great_expectations.expectations as gxe
 
     config = inputs.config
-    columns = _columns(inputs)
+    columns = ["window", "wm_key", "key", "window_start", "window_end", *inputs.aggregation_columns]
     out: list[Any] = [
         gxe.ExpectTableColumnsToMatchSet(
             column_set=[*columns, "span_us", "size_us", "start_us", "end_us", "effective_us"],

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from replay import _state
 from replay.aggregate import BatchWork, WorkResult, buffer_copy_id, copy_id, run_batch
@@ -50,7 +49,7 @@ from replay.errors import (
     Location,
 )
 from replay.inspection import participants_of
-from replay.outputs import list_versions, read_manifest, write_manifest
+from replay.outputs import encode_schema, list_versions, read_manifest, write_manifest, write_parquet
 from replay.progress import Decision, KeySettings, ProgressEngine, ProgressSnapshot, arrival_order
 from replay.timeutil import NEG_INF, format_ts
 
@@ -312,17 +311,6 @@ def _integrity_table(snapshot: ProgressSnapshot, discarded: Sequence[_state.Disc
             }
         )
     return pa.Table.from_pylist(rows, schema=INTEGRITY_SCHEMA)
-
-
-def _write_arrow(table: pa.Table, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
-
-
-def _schema_hex(schema: pa.Schema) -> str:
-    return bytes(schema.serialize().to_pybytes()).hex()
 
 
 # --------------------------------------------------------------------------- state
@@ -861,7 +849,7 @@ class _Runner:
         _check_ledger(ledger, state.pending, config, key_index, batch)
 
         progress_path = self.output / "data" / "progress" / f"{prefix}.parquet"
-        _write_arrow(_progress_table(batch, snapshot), progress_path)
+        write_parquet(_progress_table(batch, snapshot), progress_path)
         buffers_rel = f"state/b{batch:08d}-{token}-buffers.parquet"
         _state.write_buffers(store.root / buffers_rel, buffers, nkeys)
         discarded_rel = None
@@ -994,8 +982,8 @@ class _Runner:
             ]
         )
         result = dict(previous["schemas"]) if previous else {}
-        result["windows"] = _schema_hex(to_arrow_schema(windows, timezone="UTC"))
-        result["late"] = _schema_hex(to_arrow_schema(late, timezone="UTC"))
+        result["windows"] = encode_schema(to_arrow_schema(windows, timezone="UTC"))
+        result["late"] = encode_schema(to_arrow_schema(late, timezone="UTC"))
         return result
 
     def _finish_version(
@@ -1017,7 +1005,7 @@ class _Runner:
                     discarded += _state.read_discarded(self.store.root / entry["discarded"])
             integrity = _integrity_from_json(commit["progress"], discarded, self.config.archive)
             integrity_rel = f"data/integrity/{self.cid}-b{commit['batch']:08d}-{commit['token']}.parquet"
-            _write_arrow(integrity, self.output / integrity_rel)
+            write_parquet(integrity, self.output / integrity_rel)
             version = write_manifest(
                 self.output,
                 {
@@ -1033,7 +1021,7 @@ class _Runner:
                         "progress": commit["outputs"]["progress"],
                         "integrity": [integrity_rel],
                     },
-                    "schemas": commit["schemas"] | {"integrity": _schema_hex(INTEGRITY_SCHEMA)},
+                    "schemas": commit["schemas"] | {"integrity": encode_schema(INTEGRITY_SCHEMA)},
                     "watermarks": snapshot_keys,
                     "counts": commit["ledger"],
                     # What validation needs without the checkpoint (whose commits are pruned):

@@ -28,12 +28,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from replay.checkpoint import FORMAT_VERSION, fsync_dir
+from replay.checkpoint import FORMAT_VERSION, fsync_dir, write_json_atomic
 from replay.errors import ConfigError, Location
 
 __all__ = [
     "TABLES",
     "current_version",
+    "decode_schema",
+    "encode_schema",
     "latest_run_version",
     "latest_version",
     "list_versions",
@@ -43,6 +45,7 @@ __all__ = [
     "resolve_version",
     "table_files",
     "write_manifest",
+    "write_parquet",
     "write_validation",
 ]
 
@@ -165,14 +168,27 @@ def read_validation(output: str | Path, version: int) -> dict[str, Any] | None:
 def write_validation(output: str | Path, version: int, record: Mapping[str, Any]) -> Path:
     """Replace the validation record of ``version`` atomically (temporary file, fsync, rename)."""
     path = _validation_path(Path(output), version)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump({"format_version": FORMAT_VERSION, "version": version, **record}, handle, indent=1, default=str)
-        handle.flush()
+    write_json_atomic(path, {"format_version": FORMAT_VERSION, "version": version, **record})
+    return path
+
+
+def write_parquet(table: pa.Table, path: Path) -> None:
+    """Write one data file of a table: a temporary file, fsync, rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp)
+    with open(tmp, "rb") as handle:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
-    fsync_dir(path.parent)
-    return path
+
+
+def encode_schema(schema: pa.Schema) -> str:
+    """A schema as the hex text manifests keep (so an empty table still has its columns)."""
+    return bytes(schema.serialize().to_pybytes()).hex()
+
+
+def decode_schema(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(text)))
 
 
 def _parquet_files(output: Path, entries: Sequence[str]) -> list[str]:
@@ -211,7 +227,7 @@ def read_table(output: str | Path, table: str, version: int | None = None) -> pa
     files = _parquet_files(root, manifest["tables"].get(table, []))
     schema = pa.schema([])
     if manifest.get("schemas", {}).get(table):
-        schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(manifest["schemas"][table])))
+        schema = decode_schema(manifest["schemas"][table])
     if not files:
         return schema.empty_table()
     schemas = [pq.read_schema(f) for f in files]

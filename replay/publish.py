@@ -17,9 +17,9 @@ until ``publication.retain_versions`` lets it go.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +27,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from replay.checkpoint import fsync_dir
+from replay.checkpoint import fsync_dir, write_json_atomic
 from replay.config import JobConfig
 from replay.errors import Location, PublicationError
 from replay.outputs import (
     current_version,
+    encode_schema,
     latest_run_version,
     list_versions,
     read_manifest,
@@ -39,6 +40,7 @@ from replay.outputs import (
     read_validation,
     resolve_version,
     write_manifest,
+    write_parquet,
 )
 
 __all__ = ["PublishOutcome", "corrections", "publish"]
@@ -66,17 +68,6 @@ def _fault(point: str) -> None:
 
 def _refuse(what: str, output: Path, version: int, todo: str, code: str) -> PublicationError:
     return PublicationError(what, where=Location(file=str(output), extra={"version": version}), todo=todo, code=code)
-
-
-def _write(table: pa.Table, path: Path) -> None:
-    import pyarrow.parquet as pq
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp)
-    with open(tmp, "rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def _in_range(table: pa.Table, start: int | None, end: int | None) -> pa.ChunkedArray | pa.Array:
@@ -161,25 +152,14 @@ def corrections(before: pa.Table | None, after: pa.Table) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-def _schema_hex(schema: pa.Schema) -> str:
-    return bytes(schema.serialize()).hex()
-
-
 def _flip(output: Path, publication: int, source: int, previous: int | None) -> None:
-    pointer = output / "current"
-    tmp = output / f".current.{os.getpid()}.tmp"
     document = {
         "version": publication,
         "source": source,
         "previous": previous,
         "published": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(document, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, pointer)
-    fsync_dir(output)
+    write_json_atomic(output / "current", document)
 
 
 def _retain(output: Path, keep: int, current: int) -> tuple[int, ...]:
@@ -204,8 +184,6 @@ def _retain(output: Path, keep: int, current: int) -> tuple[int, ...]:
                 if entry not in used:
                     path = output / entry
                     if path.is_dir():
-                        import shutil
-
                         shutil.rmtree(path, ignore_errors=True)
                     else:
                         path.unlink(missing_ok=True)
@@ -316,7 +294,7 @@ def _write_publication(root: Path, v: int, manifest: dict[str, Any], config: Job
             pa.concat_tables([kept.select(after.schema.names).cast(after.schema), after]) if kept.num_rows else after
         )
         windows_rel = f"data/windows/publication-v{v:06d}-{token}.parquet"
-        _write(after, root / windows_rel)
+        write_parquet(after, root / windows_rel)
         tables["windows"] = [windows_rel]
         late_before = read_table(root, "late", previous)
         late_after = read_table(root, "late", v)
@@ -326,11 +304,11 @@ def _write_publication(root: Path, v: int, manifest: dict[str, Any], config: Job
                 [late_kept.select(late_after.schema.names).cast(late_after.schema), late_after]
             )
         late_rel = f"data/late/publication-v{v:06d}-{token}.parquet"
-        _write(late_after, root / late_rel)
+        write_parquet(late_after, root / late_rel)
         tables["late"] = [late_rel]
     fixes = corrections(before, after)
     corrections_rel = f"data/corrections/publication-v{v:06d}-{token}.parquet"
-    _write(fixes, root / corrections_rel)
+    write_parquet(fixes, root / corrections_rel)
     tables["corrections"] = [corrections_rel]
     document = {k: val for k, val in manifest.items() if k not in ("format_version", "version", "created")}
     document |= {
@@ -339,6 +317,6 @@ def _write_publication(root: Path, v: int, manifest: dict[str, Any], config: Job
         "previous": previous,
         "merged_range": [start, end] if merged else None,
         "tables": tables,
-        "schemas": dict(manifest.get("schemas", {})) | {"corrections": _schema_hex(fixes.schema)},
+        "schemas": dict(manifest.get("schemas", {})) | {"corrections": encode_schema(fixes.schema)},
     }
     return write_manifest(root, document)

@@ -23,6 +23,7 @@ from replay.config import JobConfig
 from replay.errors import CheckpointStateError, ConfigError, Location, ReplayError
 from replay.outputs import (
     TABLES,
+    decode_schema,
     latest_run_version,
     read_manifest,
     read_validation,
@@ -66,7 +67,6 @@ def _error(message: str, output: Path, version: int, todo: str, code: str) -> Re
 
 def spark_table(spark: SparkSession, output: Path, manifest: dict[str, Any], table: str) -> DataFrame:
     """One table of a version as a Spark DataFrame (empty, with the recorded schema, when it has no file)."""
-    import pyarrow as pa
     from pyspark.sql.pandas.types import from_arrow_schema
 
     # Absolute: the JVM resolves relative paths against its own working directory, not Python's.
@@ -76,8 +76,7 @@ def spark_table(spark: SparkSession, output: Path, manifest: dict[str, Any], tab
     hexed = manifest.get("schemas", {}).get(table)
     if not hexed:
         return spark.createDataFrame([], "empty string")
-    schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(hexed)))
-    return spark.createDataFrame([], from_arrow_schema(schema))
+    return spark.createDataFrame([], from_arrow_schema(decode_schema(hexed)))
 
 
 def _inputs(spark: SparkSession, output: Path, version: int, manifest: dict[str, Any]) -> SuiteInputs:
@@ -86,6 +85,7 @@ def _inputs(spark: SparkSession, output: Path, version: int, manifest: dict[str,
 
     config = JobConfig.model_validate(manifest["config"])
     layout = inspect_schema(config, manifest["files"])
+    tables = {t: spark_table(spark, output, manifest, t) for t in TABLES if t != "corrections"}
     run_range = (manifest["range"][0], manifest["range"][1]) if manifest.get("range") else (None, None)
     shown_range = run_range
     previous_windows = None
@@ -103,7 +103,8 @@ def _inputs(spark: SparkSession, output: Path, version: int, manifest: dict[str,
         range=shown_range,
         recompute_range=run_range,
         previous_windows=previous_windows,
-        tables={t: spark_table(spark, output, manifest, t) for t in TABLES if t != "corrections"},
+        tables=tables,
+        late_per_key={r["wm_key"]: int(r["count"]) for r in tables["late"].groupBy("wm_key").count().collect()},
         manifest=manifest,
         version=version,
     )
@@ -161,10 +162,7 @@ def _prune_history(gx_root: Path, keep: int) -> bool:
     for suite_dir in store.iterdir():
         if not suite_dir.is_dir():
             continue
-        runs = sorted(
-            (p for p in suite_dir.rglob("*.json")),
-            key=lambda p: p.stat().st_mtime,
-        )
+        runs = sorted(suite_dir.rglob("*.json"), key=lambda p: p.stat().st_mtime)
         for old in runs[: max(0, len(runs) - keep)]:
             old.unlink()
             pruned = True

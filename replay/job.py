@@ -993,6 +993,8 @@ class _Runner:
         existing = None
         for v in reversed(list_versions(self.output)):
             manifest = read_manifest(self.output, v)
+            if manifest.get("kind", "run") != "run":
+                continue  # a publication names its source's checkpoint and batch too
             if manifest.get("checkpoint_id") == self.cid and manifest.get("batch") == commit["batch"]:
                 existing = v
                 break

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's two commands, and a few more.
-#   ./dev.sh demo            set up .venv, generate a sample archive and run the main job on it
+#   ./dev.sh demo            set up .venv, generate a sample archive and run the main job on it (the
+#                            replay_backfill DAG under 'airflow dags test')
 #   ./dev.sh test [ARGS]     set up .venv and run the test suite (pytest ARGS)
 #   ./dev.sh setup           only set up .venv from the lock file
 #   ./dev.sh bench [ARGS]    run the benchmarks (benchmarks/)
@@ -64,12 +65,25 @@ case "$cmd" in
         rm -rf data/demo
         .venv/bin/replay generate data/demo/archive --origins 4 --tuples 200000 --buffer-tuples 500 \
             --keys 50 --files 4 --gaps 1 --duplicates 3 --late-fraction 0.01 --multi-chunk-fraction 0.2 "$@"
-        .venv/bin/replay run --config examples/demo.yaml
-        .venv/bin/replay validate data/demo/out
-        .venv/bin/replay publish data/demo/out
-        .venv/bin/replay report --output data/demo/out --checkpoint data/demo/ckpt --to data/demo/report
+        # The main job is the replay_backfill DAG, run by Airflow without a server: a throwaway
+        # AIRFLOW_HOME with a SQLite metadata database, local Spark inside the task, and the
+        # [replay] roots at data/demo (the params' paths are relative to them).
+        demo_root="$PWD/data/demo"
+        export AIRFLOW_HOME="$demo_root/airflow" AIRFLOW__CORE__LOAD_EXAMPLES=False \
+            AIRFLOW__CORE__DAGS_FOLDER="$PWD/dags" AIRFLOW__CORE__PLUGINS_FOLDER="$PWD/plugins" \
+            AIRFLOW__REPLAY__ROOT="$demo_root"
+        mkdir -p "$AIRFLOW_HOME"
+        echo "dev.sh: creating the Airflow metadata database in data/demo/airflow" >&2
+        .venv/bin/airflow db migrate >"$AIRFLOW_HOME/migrate.log" 2>&1 ||
+            { tail -n 40 "$AIRFLOW_HOME/migrate.log" >&2; exit 1; }
+        echo "dev.sh: airflow dags test replay_backfill (plan, replay, validate, publish, report; log in data/demo/airflow/dags-test.log)" >&2
+        .venv/bin/airflow dags test replay_backfill \
+            --conf '{"archive": "archive", "output": "out", "checkpoint": "ckpt", "micro_batch": {"max_buffers": 2000}}' \
+            >"$AIRFLOW_HOME/dags-test.log" 2>&1 || { grep -E "ERROR|Error|error" "$AIRFLOW_HOME/dags-test.log" | tail -n 20 >&2; exit 1; }
+        grep -E "replay_airflow.operators" "$AIRFLOW_HOME/dags-test.log" | sed -e 's/^[^ ]* *\[info *\] //' -e 's/ \[airflow.task.*$//' >&2 || true
+        .venv/bin/replay status --checkpoint data/demo/ckpt
         .venv/bin/replay digest data/demo/out
-        echo "dev.sh: archive in data/demo/archive, outputs in data/demo/out (see 'replay show data/demo/out --table windows'), checkpoint in data/demo/ckpt ('replay status --checkpoint data/demo/ckpt'), report in data/demo/report/index.html, Data Docs in data/demo/out/_validation/gx/uncommitted/data_docs/local_site/index.html." >&2
+        echo "dev.sh: archive in data/demo/archive; outputs in data/demo/out (published: 'replay show data/demo/out --table windows'); checkpoint in data/demo/ckpt; report in data/demo/out/_report/index.html; Data Docs in data/demo/out/_validation/gx/uncommitted/data_docs/local_site/index.html; Airflow home (SQLite database, task logs) in data/demo/airflow." >&2
         ;;
     test)
         setup

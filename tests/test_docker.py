@@ -25,3 +25,16 @@ def test_dockerfile_uses_the_supported_stack_and_the_lock_file() -> None:
             for source in arg.split()[:-1]:
                 assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
     assert ("ENTRYPOINT", '["replay"]') in steps
+
+
+def test_the_image_holds_every_package_the_project_builds_before_setting_it_up() -> None:
+    import tomllib
+
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"][
+        "packages"
+    ]
+    steps = instructions(ROOT / "docker" / "Dockerfile")
+    setup = next(i for i, (op, arg) in enumerate(steps) if op == "RUN" and "./dev.sh setup" in arg)
+    copied = {source.rstrip("/") for op, arg in steps[:setup] if op == "COPY" for source in arg.split()[:-1]}
+    for package in packages:
+        assert any(package == c or package.startswith(c + "/") for c in copied), package

@@ -79,13 +79,13 @@ class CheckpointHook(BaseHook):
 
         ``state``: ``running`` (a live writer holds the lock), ``interrupted`` (the last run stopped
         before its last batch; the next run resumes it) or ``finished``. ``published``: the version
-        the output's ``current`` pointer names (``None``: nothing published); ``validated``: the
-        verdict recorded on the newest version (``None``: not validated).
+        the output's ``current`` pointer names (``None``: nothing published); ``run_version``: the
+        newest version a run wrote, and ``validated`` its verdict (``None``: not validated).
 
         Raises:
             ConfigError: no committed checkpoint here.
         """
-        from replay.outputs import current_version, read_validation
+        from replay.outputs import current_version, latest_run_version, read_validation
         from replay.status import checkpoint_status
 
         status = checkpoint_status(self.checkpoint)
@@ -93,9 +93,10 @@ class CheckpointHook(BaseHook):
         status["state"] = "running" if holder else ("finished" if status["finished"] else "interrupted")
         status["holder"] = holder
         output = status["output"]
-        status["published"] = current_version(output) if os.path.isdir(output) else None
-        versions = status["versions"]
-        record = read_validation(output, versions[-1]) if versions else None
+        exists = os.path.isdir(output)
+        status["published"] = current_version(output) if exists else None
+        status["run_version"] = latest_run_version(output) if exists else None
+        record = read_validation(output, status["run_version"]) if status["run_version"] is not None else None
         status["validated"] = None if record is None else bool(record.get("success"))
         return status
 

@@ -44,6 +44,7 @@ _RANGE_DESCRIPTION = (
     "event-time range of a backfill, {which} (ISO 8601 with an offset, e.g. 2026-01-01T00:00:00Z); "
     "empty for an open range. Under `airflow backfill create` the run's data interval is used instead."
 )
+_ISO_8601 = r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?([Zz]|[+-]\d{2}:?\d{2})$"
 _PATH_DESCRIPTIONS = {
     "archive": "the archive directory, relative to the archive root ([replay] archive_root)",
     "output": "the output directory, relative to the output root ([replay] output_root)",
@@ -94,6 +95,8 @@ def param_schemas() -> dict[str, dict[str, Any]]:
         props[name] = {
             "type": ["string", "null"],
             "format": "date-time",
+            # "format" is only checked when jsonschema's optional rfc3339 dependency is installed.
+            "pattern": _ISO_8601,
             "description": _RANGE_DESCRIPTION.format(which=which),
         }
     for name, description in _PATH_DESCRIPTIONS.items():

@@ -65,6 +65,7 @@ def list_replays() -> dict[str, Any]:
             pending_tuples=status["pending_tuples"],
             versions=status["versions"],
             published=status["published"],
+            run_version=status["run_version"],
             validated=status["validated"],
         )
         rows.append(row)

@@ -1,12 +1,18 @@
-"""Shared fixtures: one local SparkSession for the whole test session."""
+"""Shared fixtures: one local SparkSession for the whole test session, and one validated output."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+if TYPE_CHECKING:
+    from replay.config import JobConfig
+    from replay.validate import ValidationOutcome
 
 settings.register_profile(
     "default",
@@ -36,3 +42,80 @@ def spark() -> Iterator[object]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+def validated_job(archive: Path, out: Path) -> JobConfig:
+    """The job of ``validated_run``: two window aggregations with every kind of column the suites and the
+    publication's corrections look at (``count`` in both), cut into two micro-batches."""
+    from replay import parse_config
+
+    return parse_config(
+        {
+            "archive": str(archive),
+            "output": str(out / "out"),
+            "checkpoint": str(out / "ckpt"),
+            "gap_policy": "skip",  # the archive's gap is closed at the end, and reported
+            "windows": [
+                {
+                    "name": "tumbling",
+                    "size": "500ms",
+                    "aggregations": [
+                        {"fn": "count"},
+                        {"fn": "sum", "column": "value"},
+                        {"fn": "min", "column": "value"},
+                        {"fn": "mean", "column": "value"},
+                        {"fn": "max", "column": "value"},
+                    ],
+                },
+                {
+                    "name": "sliding",
+                    "kind": "sliding",
+                    "size": "1s",
+                    "slide": "250ms",
+                    "offset": "100ms",
+                    "aggregations": [
+                        {"fn": "count"},
+                        {"fn": "count", "column": "value"},
+                        {"fn": "max", "column": "value"},
+                        {"fn": "approx_count_distinct", "column": "key"},
+                    ],
+                },
+            ],
+            "micro_batch": {"max_buffers": 26},
+            "validation": {"max_late_fraction": 0.5},
+        }
+    )
+
+
+@pytest.fixture(scope="session")
+def validated_run(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> tuple[JobConfig, ValidationOutcome]:
+    """One replayed and validated output (version 1), shared by ``test_validate`` and ``test_publish``.
+
+    An origin-mode archive (no ``ingest_ts``) of 51 buffers with a gap, duplicates, late tuples and
+    chunked sequences, replayed in two micro-batches, then validated with every suite. Tests must not
+    change it: a test that breaks, re-runs or publishes it works on a ``shutil.copytree`` copy.
+    """
+    from replay import GenerateOptions, generate_archive, run
+    from replay.validate import validate
+
+    root = tmp_path_factory.mktemp("validated")
+    archive = root / "archive"
+    options = GenerateOptions(
+        origins=3,
+        tuples=1_500,
+        buffer_tuples=40,
+        keys=6,
+        seed=3,
+        gaps=1,
+        duplicates=2,
+        late_fraction=0.05,
+        multi_chunk_fraction=0.3,
+        files=3,
+        ingest_ts=False,
+    )
+    summary = generate_archive(archive, options)
+    assert summary.gaps and summary.duplicates and summary.late_tuples
+    config = validated_job(archive, root)
+    assert run(config, spark=spark).batches == 2
+    assert config.output is not None
+    return config, validate(config.output, spark=spark)

@@ -37,13 +37,17 @@ DETERMINISTIC = ("windows", "late", "integrity")
 
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """900 tuples in 14 buffers of up to 75 (two with a duplicate copy, some chunked, some late tuples):
+    4 batches of at most 4 buffers, so a crash in batch 2 leaves a committed batch behind it and two
+    more after it. Every batch costs a few seconds whatever its size, and each test replays the rest
+    after the crash: few large buffers keep that short with as many windows and late tuples as before."""
     path = tmp_path_factory.mktemp("crash") / "archive"
-    generate_archive(
+    summary = generate_archive(
         path,
         GenerateOptions(
             origins=3,
             tuples=900,
-            buffer_tuples=30,
+            buffer_tuples=75,
             keys=5,
             seed=3,
             duplicates=2,
@@ -52,6 +56,7 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
             files=3,
         ),
     )
+    assert summary.buffers >= 13 and summary.duplicates and summary.late_tuples
     return path
 
 
@@ -85,7 +90,7 @@ def replay_run(job: Path, fault: str | None = None) -> subprocess.Popen[str]:
 def uninterrupted(archive: Path, tmp_path_factory: pytest.TempPathFactory, spark: Any) -> dict[str, str]:
     job = write_job(tmp_path_factory.mktemp("clean"), archive)
     config = load_config(job)
-    run(config, spark=spark)
+    assert run(config, spark=spark).batches >= 3  # a crash in batch 2 has batches on both sides
     assert config.output is not None
     found = digest(config.output)
     return {t: found[t] for t in DETERMINISTIC}

@@ -11,61 +11,31 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from replay import GenerateOptions, generate_archive, parse_config, run
+from replay import parse_config, run
 from replay.config import JobConfig
 from replay.errors import PublicationError
 from replay.outputs import current_version, list_versions, read_manifest, read_table
 from replay.publish import publish
-from replay.validate import validate
+from replay.validate import ValidationOutcome, validate
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 MS = 1_000
 
 
-def config_for(archive: Path, out: Path) -> JobConfig:
-    return parse_config(
-        {
-            "archive": str(archive),
-            "output": str(out),
-            "checkpoint": str(out.parent / f"{out.name}-ckpt"),
-            "windows": [
-                {
-                    "name": "tumbling",
-                    "size": "500ms",
-                    "aggregations": [{"fn": "count"}, {"fn": "sum", "column": "value"}],
-                },
-                {
-                    "name": "sliding",
-                    "kind": "sliding",
-                    "size": "1s",
-                    "slide": "250ms",
-                    "aggregations": [{"fn": "count"}, {"fn": "max", "column": "value"}],
-                },
-            ],
-            "micro_batch": {"max_buffers": 20},
-            "validation": {"max_late_fraction": 0.5},
-        }
-    )
-
-
 @pytest.fixture(scope="module")
-def published(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> tuple[JobConfig, Path]:
-    """An origin-mode archive replayed, validated and published once (version 1 published as 2)."""
+def published(
+    validated_run: tuple[JobConfig, ValidationOutcome], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[JobConfig, Path]:
+    """The session's validated output (``conftest.validated_run``: an origin-mode archive replayed and
+    validated once) copied, then published once (version 1 published as 2). The tests change copies of it."""
+    config, validation = validated_run
+    assert validation.success and validation.version == 1
     root = tmp_path_factory.mktemp("publish")
-    archive = root / "archive"
-    generate_archive(
-        archive,
-        GenerateOptions(
-            origins=3, tuples=1_500, buffer_tuples=40, keys=5, seed=8, duplicates=2, files=2, ingest_ts=False
-        ),
-    )
-    config = config_for(archive, root / "out")
-    run(config, spark=spark)
-    assert validate(root / "out", 1, spark=spark).success
+    shutil.copytree(str(config.output), root / "out")
     outcome = publish(root / "out")
     assert (outcome.source, outcome.publication, outcome.previous) == (1, 2, None)
-    return config, root
+    return config.with_overrides(output=str(root / "out")), root
 
 
 def test_the_first_publication_adds_every_window_and_changes_nothing_twice(

@@ -51,7 +51,9 @@ setup() {
         "$python" -m venv .tools
         .tools/bin/python -m pip install --quiet "uv==$UV_VERSION"
     fi
-    .tools/bin/uv sync --frozen --all-extras --python "$python" --quiet
+    # Bytecode is compiled once at install: machines that set PYTHONDONTWRITEBYTECODE would otherwise
+    # compile Airflow, Spark and Great Expectations from source in every new process.
+    .tools/bin/uv sync --frozen --all-extras --compile-bytecode --python "$python" --quiet
 }
 
 cmd=${1:-help}

@@ -104,3 +104,15 @@ def test_the_parse_check_catches_a_variable_read_while_parsing(tmp_path: Path) -
     )
     errors = json.loads(result.stdout.strip().splitlines()[-1])["errors"]
     assert any("read while parsing" in e for e in errors.values())
+
+
+def test_airflow_loads_the_plugin_with_its_ui_page(tmp_path: Path) -> None:
+    home = AirflowHome(home=tmp_path / "home", root=tmp_path / "roots")
+    home.home.mkdir()
+    listed = json.loads(home.run("plugins", "--output", "json").stdout.strip().splitlines()[-1])
+    assert [p["name"] for p in listed] == ["replay"]
+    plugin = listed[0]
+    assert plugin["fastapi_apps"] == [
+        {"app": "fastapi.applications.FastAPI", "url_prefix": "/replay", "name": "Replays"}
+    ]
+    assert plugin["external_views"][0]["href"] == "replay/" and plugin["external_views"][0]["destination"] == "nav"

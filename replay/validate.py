@@ -11,6 +11,7 @@ refuses a version without a passing one.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
@@ -110,8 +111,16 @@ def _inputs(spark: SparkSession, output: Path, version: int, manifest: dict[str,
     )
 
 
-def _context(root: Path) -> Any:
+def _quiet_gx() -> None:
+    """Before GX is imported: no analytics, and its INFO bookkeeping (registry, config saves) out of task logs."""
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    gx_log = logging.getLogger("great_expectations")
+    if gx_log.level == logging.NOTSET:  # a level the user set is kept
+        gx_log.setLevel(logging.WARNING)
+
+
+def _context(root: Path) -> Any:
+    _quiet_gx()
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
@@ -222,6 +231,7 @@ def validate(
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     suite_records = []
     with FileLock(str(project / ".lock")):
+        _quiet_gx()
         import great_expectations as gx
         from great_expectations.checkpoint import UpdateDataDocsAction
         from great_expectations.core.run_identifier import RunIdentifier

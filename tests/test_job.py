@@ -7,6 +7,7 @@ lock tests live in ``test_job_crash.py``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -107,12 +108,14 @@ def plan_origin_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _generated(tmp_path_factory, "po", seed=14, buffer_tuples=100, ingest_ts=False)
 
 
-@pytest.fixture
-def shuffle_partitions(spark: Any) -> Iterator[None]:
+@contextlib.contextmanager
+def shuffle_partitions(spark: Any, n: int) -> Iterator[None]:
     before = spark.conf.get("spark.sql.shuffle.partitions")
-    spark.conf.set("spark.sql.shuffle.partitions", "5")
-    yield
-    spark.conf.set("spark.sql.shuffle.partitions", before)
+    spark.conf.set("spark.sql.shuffle.partitions", str(n))
+    try:
+        yield
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", before)
 
 
 @pytest.mark.parametrize("fixture", ["plan_archive", "plan_origin_archive"])
@@ -126,29 +129,20 @@ def test_any_batch_plan_gives_the_same_digests(
     assert summary.batches == 1 and summary.windows_emitted > 0 and sum(summary.late_tuples.values()) > 0
     assert summary.duplicate_copies > 0 and summary.buffers >= 10
     expected = digests(whole)
-    for max_buffers in (1, 4):  # every buffer its own batch, and a few larger batches
+    # Every buffer its own batch, and a few larger batches; each with another number of shuffle partitions
+    # than the whole run's 2, so the digests are also independent of how Spark partitions the work.
+    for max_buffers, partitions in ((1, 1), (4, 3)):
         config = job(
             source, tmp_path / f"b{max_buffers}", micro_batch={"max_buffers": max_buffers}, gap_policy=gap_policy
         )
-        summary = run(config, spark=spark)
+        with shuffle_partitions(spark, partitions):
+            summary = run(config, spark=spark)
         assert summary.batches == -(-summary.buffers // max_buffers) > 1  # ceil(buffers / max_buffers)
-        assert digests(config) == expected, f"max_buffers {max_buffers}"
+        assert digests(config) == expected, f"max_buffers {max_buffers}, {partitions} shuffle partitions"
     by_tuples = job(source, tmp_path / "t", micro_batch={"max_tuples": 300}, gap_policy=gap_policy)
     summary = run(by_tuples, spark=spark)
     assert summary.batches > 1
     assert digests(by_tuples) == expected
-
-
-def test_shuffle_partitions_do_not_change_the_digests(
-    archive: Path, tmp_path: Path, spark: Any, shuffle_partitions: None
-) -> None:
-    reference = job(archive, tmp_path / "ref", micro_batch={"max_buffers": 5})
-    spark.conf.set("spark.sql.shuffle.partitions", "1")
-    run(reference, spark=spark)
-    spark.conf.set("spark.sql.shuffle.partitions", "7")
-    other = job(archive, tmp_path / "other", micro_batch={"max_buffers": 5})
-    run(other, spark=spark)
-    assert digests(other) == digests(reference)
 
 
 def _split_by_ingest(source: Path, first: Path, second: Path) -> None:

@@ -11,6 +11,9 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +61,29 @@ class AirflowHome:
 
     def dags_test(self, dag_id: str, conf: dict[str, Any], *, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.run("dags", "test", dag_id, "--conf", json.dumps(conf), check=check)
+
+    @contextmanager
+    def dags_test_meanwhile(self, dag_id: str, conf: dict[str, Any]) -> Iterator[None]:
+        """``airflow dags test`` in the background while the block runs (say, the in-process reference
+        run the DAG is compared with); it must then succeed."""
+        log = self.home / f"dags-test-{dag_id}-{time.monotonic_ns()}.log"
+        with open(log, "w") as sink:
+            process = subprocess.Popen(
+                [str(AIRFLOW), "dags", "test", dag_id, "--conf", json.dumps(conf)],
+                env=self.env(),
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                cwd=self.home,
+            )
+        try:
+            yield
+            code = process.wait(timeout=600)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        if code != 0:
+            raise AssertionError(f"airflow dags test {dag_id} exited {code}\n{log.read_text()[-8000:]}")
 
 
 def make_home(base: Path) -> AirflowHome:

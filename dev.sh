@@ -15,9 +15,11 @@ UV_VERSION=0.13.8
 find_python() {
     for candidate in "${PYTHON:-}" python3.11 python3 python; do
         [ -n "$candidate" ] || continue
+        # The interpreter's own path, not a launcher's (pyenv shims): uv rebuilds .venv whenever the
+        # interpreter it is given differs from the one .venv was made with.
         if command -v "$candidate" >/dev/null 2>&1 &&
             "$candidate" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' 2>/dev/null; then
-            command -v "$candidate"
+            "$candidate" -c 'import sys; print(sys.executable)'
             return 0
         fi
     done

@@ -5,6 +5,7 @@
 #   ./dev.sh test [ARGS]     set up .venv and run the test suite (pytest ARGS)
 #   ./dev.sh setup           only set up .venv from the lock file
 #   ./dev.sh bench [ARGS]    run the benchmarks (benchmarks/)
+#   ./dev.sh cluster         run a Spark standalone master and one worker on 127.0.0.1 (Ctrl-C stops both)
 # Needs Python 3.11 and Java 17 on the machine; everything else is installed into .venv
 # from uv.lock (uv itself is bootstrapped into .tools/).
 set -euo pipefail
@@ -97,8 +98,37 @@ case "$cmd" in
         setup
         .venv/bin/python benchmarks/run.py "$@"
         ;;
+    cluster)
+        # A Spark standalone cluster without Docker: the master and one worker from the pyspark
+        # distribution, what docker/compose.yaml's spark-master and spark-worker services run. Jobs reach
+        # it with 'replay run --spark-master spark://127.0.0.1:7077' (or spark.master in the job file).
+        # Spark's own variables set ports and sizes: SPARK_MASTER_HOST, SPARK_MASTER_PORT,
+        # SPARK_MASTER_WEBUI_PORT, SPARK_WORKER_WEBUI_PORT, SPARK_WORKER_CORES, SPARK_WORKER_MEMORY,
+        # SPARK_WORKER_DIR (default data/spark-cluster/work). The master's state is at its web UI's /json/.
+        setup
+        spark_home=$(.venv/bin/python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')
+        host=${SPARK_MASTER_HOST:-127.0.0.1}
+        port=${SPARK_MASTER_PORT:-7077}
+        ui=${SPARK_MASTER_WEBUI_PORT:-8080}
+        export SPARK_WORKER_DIR=${SPARK_WORKER_DIR:-$PWD/data/spark-cluster/work}
+        mkdir -p "$SPARK_WORKER_DIR"
+        pids=()
+        stop() { [ ${#pids[@]} -eq 0 ] || { kill "${pids[@]}" 2>/dev/null || true; wait "${pids[@]}" 2>/dev/null || true; }; }
+        trap stop EXIT
+        trap 'exit 130' INT
+        trap 'exit 143' TERM
+        "$spark_home/bin/spark-class" org.apache.spark.deploy.master.Master \
+            --host "$host" --port "$port" --webui-port "$ui" &
+        pids+=($!)
+        "$spark_home/bin/spark-class" org.apache.spark.deploy.worker.Worker "spark://$host:$port" \
+            --host "$host" --webui-port "${SPARK_WORKER_WEBUI_PORT:-8081}" --work-dir "$SPARK_WORKER_DIR" &
+        pids+=($!)
+        echo "dev.sh: Spark master spark://$host:$port (web UI http://$host:$ui) with one worker; Ctrl-C stops both" >&2
+        # Whichever stops first, the other is stopped with it.
+        wait -n
+        ;;
     *)
-        sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
         [ "$cmd" = help ] || exit 2
         ;;
 esac

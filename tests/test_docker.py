@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,3 +44,51 @@ def test_the_image_holds_every_package_the_project_builds_before_setting_it_up()
     copied = {source.rstrip("/") for op, arg in steps[:setup] if op == "COPY" for source in arg.split()[:-1]}
     for package in packages:
         assert any(package == c or package.startswith(c + "/") for c in copied), package
+
+
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
+    return data
+
+
+def test_compose_builds_every_service_from_the_replay_image() -> None:
+    services = compose()["services"]
+    assert set(services) == {"spark", "airflow"}
+    for name, service in services.items():
+        build = service["build"]
+        assert (ROOT / "docker" / build["context"] / build["dockerfile"]).resolve() == ROOT / "docker" / "Dockerfile"
+        assert service["volumes"] == ["replay-data:/data"], name  # the same paths for the task and the executors
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), f"{name}: {port} is published beyond the host"
+    assert "replay-data" in compose()["volumes"]
+
+
+def test_compose_starts_what_starts_without_docker(tmp_path: Path) -> None:
+    """Each service's command is one a machine without Docker runs: ``./dev.sh cluster``, ``airflow standalone``."""
+    services = compose()["services"]
+    dev = (ROOT / "dev.sh").read_text()
+    spark = services["spark"]
+    assert spark["entrypoint"] == ["./dev.sh", "cluster"] and "\n    cluster)\n" in dev
+    for variable in spark["environment"]:
+        assert variable in dev, f"{variable}: not a setting ./dev.sh cluster documents"
+    master = f"spark://{spark['environment']['SPARK_MASTER_HOST']}:{spark['environment']['SPARK_MASTER_PORT']}"
+    assert spark["hostname"] == spark["environment"]["SPARK_MASTER_HOST"]
+    assert master in (ROOT / "docs" / "airflow.md").read_text()  # the spark_master the docs tell users to set
+
+    airflow = services["airflow"]
+    assert airflow["entrypoint"] == ["airflow", "standalone"]
+    env = airflow["environment"]
+    workdir = next(arg for op, arg in instructions(ROOT / "docker" / "Dockerfile") if op == "WORKDIR")
+    assert env["AIRFLOW__CORE__DAGS_FOLDER"] == f"{workdir}/dags"
+    assert env["AIRFLOW__CORE__PLUGINS_FOLDER"] == f"{workdir}/plugins"
+    assert env["AIRFLOW__REPLAY__ROOT"] == "/data" and env["AIRFLOW_HOME"].startswith("/data/")
+    assert airflow["depends_on"]["spark"]["condition"] == "service_healthy"
+    # `airflow standalone` is a command of the locked Airflow.
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("airflow")), "standalone", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, AIRFLOW_HOME=str(tmp_path)),
+    )
+    assert result.returncode == 0 and "standalone" in result.stdout, result.stderr[-2000:]

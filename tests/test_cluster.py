@@ -1,0 +1,161 @@
+"""The cluster path: a real Spark standalone master and worker on 127.0.0.1, started without Docker by
+``./dev.sh cluster`` (the pyspark distribution's ``spark-class ...Master`` / ``...Worker``), and a
+``replay run --spark-master spark://...`` whose tasks run in the worker's executor.
+
+SPEC section 5: the tables are the same in cluster and local mode. The cluster run and a local run
+(the test session's SparkSession, one batch where the cluster run has two) must give equal digests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from replay.config import load_config
+from replay.digest import digest
+from replay.generate import GenerateOptions, generate_archive
+from replay.job import run
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+REPLAY = str(Path(sys.executable).with_name("replay"))
+DETERMINISTIC = ("windows", "late", "integrity")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def master_state(ui: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as response:
+        state: dict[str, Any] = json.load(response)
+    return state
+
+
+@contextlib.contextmanager
+def standalone_cluster(work: Path) -> Iterator[tuple[str, int, subprocess.Popen[bytes]]]:
+    """``./dev.sh cluster`` on free ports: (master URL, web UI port, the process). Stopped on exit."""
+    port, ui, worker_ui = free_port(), free_port(), free_port()
+    env = dict(
+        os.environ,
+        SPARK_MASTER_PORT=str(port),
+        SPARK_MASTER_WEBUI_PORT=str(ui),
+        SPARK_WORKER_WEBUI_PORT=str(worker_ui),
+        SPARK_WORKER_CORES="2",
+        SPARK_WORKER_MEMORY="2g",
+        SPARK_WORKER_DIR=str(work / "worker"),
+    )
+    log = (work / "cluster.log").open("wb")
+    process = subprocess.Popen(
+        [str(ROOT / "dev.sh"), "cluster"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        yield f"spark://127.0.0.1:{port}", ui, process
+    finally:
+        # dev.sh stops the master and the worker on SIGTERM; whatever is left of the group is killed.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            log.close()
+
+
+def wait_for_worker(ui: int, process: subprocess.Popen[bytes], log: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"./dev.sh cluster exited with {process.returncode}:\n{log.read_text()}"
+        with contextlib.suppress(OSError, ValueError):
+            if master_state(ui)["aliveworkers"] >= 1:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"no worker registered with the master in {timeout:.0f} s:\n{log.read_text()}")
+
+
+def write_job(directory: Path, archive: Path, max_buffers: int) -> Path:
+    directory.mkdir(parents=True)
+    job = {
+        "archive": str(archive),
+        "output": str(directory / "out"),
+        "checkpoint": str(directory / "ckpt"),
+        "windows": [
+            {"name": "tumbling", "size": "500ms", "aggregations": [{"fn": "count"}, {"fn": "sum", "column": "value"}]},
+            {
+                "name": "sliding",
+                "kind": "sliding",
+                "size": "1s",
+                "slide": "250ms",
+                "aggregations": [{"fn": "max", "column": "value"}, {"fn": "approx_count_distinct", "column": "key"}],
+            },
+        ],
+        "micro_batch": {"max_buffers": max_buffers},
+    }
+    path = directory / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def test_a_replay_on_a_standalone_cluster_equals_a_local_one(tmp_path: Path, spark: Any) -> None:
+    with standalone_cluster(tmp_path) as (master, ui, process):
+        # The JVMs start while the archive is written.
+        archive = tmp_path / "archive"
+        generated = generate_archive(
+            archive,
+            GenerateOptions(
+                origins=3,
+                tuples=800,
+                buffer_tuples=100,
+                keys=7,
+                gaps=1,
+                duplicates=2,
+                late_fraction=0.05,
+                multi_chunk_fraction=0.3,
+                files=3,
+                seed=2,
+            ),
+        )
+        assert generated.buffers >= 10 and generated.duplicates and generated.late_tuples
+        on_cluster = write_job(tmp_path / "cluster", archive, max_buffers=7)
+        wait_for_worker(ui, process, tmp_path / "cluster.log")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("REPLAY_")}
+        remote = subprocess.Popen(
+            [REPLAY, "run", "--config", str(on_cluster), "--spark-master", master, "--json"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        # Meanwhile the local run, in this session's local SparkSession and in one batch.
+        local = load_config(write_job(tmp_path / "local", archive, max_buffers=100))
+        assert run(local, spark=spark).batches == 1
+        out, err = remote.communicate(timeout=600)
+        assert remote.returncode == 0, err[-4000:]
+        summary = json.loads(out)
+        assert summary["batches"] == 2 and summary["windows_emitted"] > 0 and sum(summary["late_tuples"].values()) > 0
+        apps = master_state(ui)["completedapps"]
+        assert [(a["name"], a["state"]) for a in apps] == [("replay", "FINISHED")]
+        assert apps[0]["cores"] > 0  # its tasks ran in the worker's executor
+
+    cluster_config = load_config(on_cluster)
+    assert cluster_config.output is not None and local.output is not None
+    on_cluster_digests, local_digests = digest(cluster_config.output), digest(local.output)
+    assert {t: on_cluster_digests[t] for t in DETERMINISTIC} == {t: local_digests[t] for t in DETERMINISTIC}
+    assert process.returncode is not None  # ./dev.sh cluster stopped with its master and worker

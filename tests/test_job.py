@@ -129,9 +129,11 @@ def test_any_batch_plan_gives_the_same_digests(
     assert summary.batches == 1 and summary.windows_emitted > 0 and sum(summary.late_tuples.values()) > 0
     assert summary.duplicate_copies > 0 and summary.buffers >= 10
     expected = digests(whole)
-    # Every buffer its own batch, and a few larger batches; each with another number of shuffle partitions
-    # than the whole run's 2, so the digests are also independent of how Spark partitions the work.
-    for max_buffers, partitions in ((1, 1), (4, 3)):
+    # Small and larger batches (every buffer its own batch for one archive), each with another number of
+    # shuffle partitions than the whole run's 2, so the digests are also independent of how Spark
+    # partitions the work.
+    plans = ((1, 1), (4, 3)) if fixture == "plan_archive" else ((2, 1), (5, 3))
+    for max_buffers, partitions in plans:
         config = job(
             source, tmp_path / f"b{max_buffers}", micro_batch={"max_buffers": max_buffers}, gap_policy=gap_policy
         )
@@ -166,7 +168,7 @@ def test_an_incremental_run_equals_one_full_run(tmp_path: Path, spark: Any) -> N
     growing = tmp_path / "growing"
     growing.mkdir()
     shutil.copy(halves / "h1" / "part-00000.parquet", growing)
-    incremental = job(growing, tmp_path / "inc", micro_batch={"max_buffers": 4})
+    incremental = job(growing, tmp_path / "inc", micro_batch={"max_buffers": 10})
     first = run(incremental, spark=spark)
     assert first.version == 1 and first.open_windows > 0
     again = run(incremental, spark=spark)

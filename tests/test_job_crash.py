@@ -38,7 +38,7 @@ DETERMINISTIC = ("windows", "late", "integrity")
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """900 tuples in 14 buffers of up to 75 (two with a duplicate copy, some chunked, some late tuples):
-    4 batches of at most 4 buffers, so a crash in batch 2 leaves a committed batch behind it and two
+    3 batches of at most 5 buffers, so a crash in batch 2 leaves a committed batch behind it and one
     more after it. Every batch costs a few seconds whatever its size, and each test replays the rest
     after the crash: few large buffers keep that short with as many windows and late tuples as before."""
     path = tmp_path_factory.mktemp("crash") / "archive"
@@ -69,7 +69,7 @@ def write_job(directory: Path, archive: Path) -> Path:
         "windows": [
             {"name": "w", "size": "300ms", "aggregations": [{"fn": "count"}, {"fn": "sum", "column": "value"}]}
         ],
-        "micro_batch": {"max_buffers": 4},
+        "micro_batch": {"max_buffers": 5},
     }
     path = directory / "job.yaml"
     path.write_text(yaml.safe_dump(job))

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from replay.config import JobConfig
     from replay.validate import ValidationOutcome
 
+from tests import _background
+
 settings.register_profile(
     "default",
     deadline=None,
@@ -21,6 +23,22 @@ settings.register_profile(
 )
 settings.register_profile("ci", parent=settings.get_profile("default"), derandomize=True, print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``background`` go last: their work runs beside the others (``tests/_background.py``)."""
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("background") is not None)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    for item in session.items:
+        marker = item.get_closest_marker("background")
+        if marker is not None:
+            _background.start(marker.args[0])
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _background.finish()
 
 
 @pytest.fixture(scope="session")

@@ -11,13 +11,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ from replay.config import load_config
 from replay.digest import digest
 from replay.generate import GenerateOptions, generate_archive
 from replay.job import run
+from tests import _background
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -113,10 +117,24 @@ def write_job(directory: Path, archive: Path, max_buffers: int) -> Path:
     return path
 
 
-def test_a_replay_on_a_standalone_cluster_equals_a_local_one(tmp_path: Path, spark: Any) -> None:
-    with standalone_cluster(tmp_path) as (master, ui, process):
-        # The JVMs start while the archive is written.
-        archive = tmp_path / "archive"
+@dataclass(frozen=True)
+class ClusterRun:
+    work: Path
+    archive: Path
+    job: Path
+    returncode: int
+    stdout: str
+    stderr: str
+    apps: list[dict[str, Any]]
+    cluster_exit: int | None
+
+
+@_background.register("cluster")
+def replay_on_a_cluster() -> ClusterRun:
+    """Start ``./dev.sh cluster``, write the archive while its JVMs start, replay it there in two batches."""
+    work = Path(tempfile.mkdtemp(prefix="replay-cluster-"))
+    with standalone_cluster(work) as (master, ui, process):
+        archive = work / "archive"
         generated = generate_archive(
             archive,
             GenerateOptions(
@@ -133,29 +151,37 @@ def test_a_replay_on_a_standalone_cluster_equals_a_local_one(tmp_path: Path, spa
             ),
         )
         assert generated.buffers >= 10 and generated.duplicates and generated.late_tuples
-        on_cluster = write_job(tmp_path / "cluster", archive, max_buffers=7)
-        wait_for_worker(ui, process, tmp_path / "cluster.log")
+        job = write_job(work / "cluster", archive, max_buffers=7)
+        wait_for_worker(ui, process, work / "cluster.log")
         env = {k: v for k, v in os.environ.items() if not k.startswith("REPLAY_")}
-        remote = subprocess.Popen(
-            [REPLAY, "run", "--config", str(on_cluster), "--spark-master", master, "--json"],
+        remote = subprocess.run(
+            [REPLAY, "run", "--config", str(job), "--spark-master", master, "--json"],
             env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            capture_output=True,
             text=True,
+            timeout=600,
         )
-        # Meanwhile the local run, in this session's local SparkSession and in one batch.
-        local = load_config(write_job(tmp_path / "local", archive, max_buffers=100))
-        assert run(local, spark=spark).batches == 1
-        out, err = remote.communicate(timeout=600)
-        assert remote.returncode == 0, err[-4000:]
-        summary = json.loads(out)
-        assert summary["batches"] == 2 and summary["windows_emitted"] > 0 and sum(summary["late_tuples"].values()) > 0
         apps = master_state(ui)["completedapps"]
-        assert [(a["name"], a["state"]) for a in apps] == [("replay", "FINISHED")]
-        assert apps[0]["cores"] > 0  # its tasks ran in the worker's executor
+    return ClusterRun(work, archive, job, remote.returncode, remote.stdout, remote.stderr, apps, process.returncode)
 
-    cluster_config = load_config(on_cluster)
-    assert cluster_config.output is not None and local.output is not None
-    on_cluster_digests, local_digests = digest(cluster_config.output), digest(local.output)
-    assert {t: on_cluster_digests[t] for t in DETERMINISTIC} == {t: local_digests[t] for t in DETERMINISTIC}
-    assert process.returncode is not None  # ./dev.sh cluster stopped with its master and worker
+
+@pytest.mark.background("cluster")
+def test_a_replay_on_a_standalone_cluster_equals_a_local_one(tmp_path: Path, spark: Any) -> None:
+    done: ClusterRun = _background.result("cluster")
+    try:
+        assert done.returncode == 0, done.stderr[-4000:]
+        summary = json.loads(done.stdout)
+        assert summary["batches"] == 2 and summary["windows_emitted"] > 0 and sum(summary["late_tuples"].values()) > 0
+        assert [(a["name"], a["state"]) for a in done.apps] == [("replay", "FINISHED")]
+        assert done.apps[0]["cores"] > 0  # its tasks ran in the worker's executor
+        assert done.cluster_exit is not None  # ./dev.sh cluster stopped with its master and worker
+
+        # The same archive in one batch, in this session's local SparkSession.
+        local = load_config(write_job(tmp_path / "local", done.archive, max_buffers=100))
+        assert run(local, spark=spark).batches == 1
+        on_cluster = load_config(done.job)
+        assert on_cluster.output is not None and local.output is not None
+        on_cluster_digests, local_digests = digest(on_cluster.output), digest(local.output)
+        assert {t: on_cluster_digests[t] for t in DETERMINISTIC} == {t: local_digests[t] for t in DETERMINISTIC}
+    finally:
+        shutil.rmtree(done.work, ignore_errors=True)

@@ -29,10 +29,12 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from replay.generate import GenerateOptions
 from replay.timeutil import from_datetime
 
 __all__ = [
     "ARCHIVE_TYPES",
+    "FEATURED",
     "OMIT",
     "OPTIONAL_COLUMNS",
     "REQUIRED_COLUMNS",
@@ -41,6 +43,20 @@ __all__ = [
     "buffer_rows",
     "write_archive",
 ]
+
+#: A small generated archive (``replay.generate``) with every feature: a gap, duplicates, late
+#: tuples, chunked sequences, three origins and files. Tests vary it with ``dataclasses.replace``.
+FEATURED: Final = GenerateOptions(
+    origins=3,
+    tuples=800,
+    buffer_tuples=40,
+    keys=7,
+    gaps=1,
+    duplicates=2,
+    late_fraction=0.05,
+    multi_chunk_fraction=0.3,
+    files=3,
+)
 
 #: The archive's timestamp type: microseconds, UTC.
 TIMESTAMP: Final = pa.timestamp("us", tz="UTC")

@@ -9,6 +9,7 @@ SPEC section 5: the tables are the same in cluster and local mode. The cluster r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -29,9 +30,10 @@ import yaml
 
 from replay.config import load_config
 from replay.digest import digest
-from replay.generate import GenerateOptions, generate_archive
+from replay.generate import generate_archive
 from replay.job import run
 from tests import _background
+from tests._archives import FEATURED
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -127,6 +129,7 @@ class ClusterRun:
     stderr: str
     apps: list[dict[str, Any]]
     cluster_exit: int | None
+    master_stopped: bool
 
 
 @_background.register("cluster")
@@ -135,21 +138,7 @@ def replay_on_a_cluster() -> ClusterRun:
     work = Path(tempfile.mkdtemp(prefix="replay-cluster-"))
     with standalone_cluster(work) as (master, ui, process):
         archive = work / "archive"
-        generated = generate_archive(
-            archive,
-            GenerateOptions(
-                origins=3,
-                tuples=800,
-                buffer_tuples=100,
-                keys=7,
-                gaps=1,
-                duplicates=2,
-                late_fraction=0.05,
-                multi_chunk_fraction=0.3,
-                files=3,
-                seed=2,
-            ),
-        )
+        generated = generate_archive(archive, dataclasses.replace(FEATURED, buffer_tuples=100, seed=2))
         assert generated.buffers >= 10 and generated.duplicates and generated.late_tuples
         job = write_job(work / "cluster", archive, max_buffers=7)
         wait_for_worker(ui, process, work / "cluster.log")
@@ -162,7 +151,14 @@ def replay_on_a_cluster() -> ClusterRun:
             timeout=600,
         )
         apps = master_state(ui)["completedapps"]
-    return ClusterRun(work, archive, job, remote.returncode, remote.stdout, remote.stderr, apps, process.returncode)
+    try:
+        master_state(ui)
+        master_stopped = False
+    except OSError:  # nothing listens on the master's web UI port any more
+        master_stopped = True
+    return ClusterRun(
+        work, archive, job, remote.returncode, remote.stdout, remote.stderr, apps, process.returncode, master_stopped
+    )
 
 
 @pytest.mark.background("cluster")
@@ -174,7 +170,8 @@ def test_a_replay_on_a_standalone_cluster_equals_a_local_one(tmp_path: Path, spa
         assert summary["batches"] == 2 and summary["windows_emitted"] > 0 and sum(summary["late_tuples"].values()) > 0
         assert [(a["name"], a["state"]) for a in done.apps] == [("replay", "FINISHED")]
         assert done.apps[0]["cores"] > 0  # its tasks ran in the worker's executor
-        assert done.cluster_exit is not None  # ./dev.sh cluster stopped with its master and worker
+        # SIGTERM: ./dev.sh cluster stopped its master and worker, then exited with 128 + 15.
+        assert done.cluster_exit == 143 and done.master_stopped
 
         # The same archive in one batch, in this session's local SparkSession.
         local = load_config(write_job(tmp_path / "local", done.archive, max_buffers=100))

@@ -30,6 +30,7 @@ from replay.generate import GenerateOptions, generate_archive
 from replay.job import run
 from replay.outputs import read_table
 from replay.timeutil import parse_timestamp
+from tests._archives import FEATURED
 
 pytestmark = pytest.mark.spark
 
@@ -69,18 +70,7 @@ def digests(config: JobConfig) -> dict[str, str]:
 def _generated(factory: pytest.TempPathFactory, name: str, **options: Any) -> Path:
     """A small generated archive with gaps, duplicates, late data and chunked sequences."""
     path = factory.mktemp("archive") / name
-    base: dict[str, Any] = {
-        "origins": 3,
-        "tuples": 800,
-        "buffer_tuples": 40,
-        "keys": 7,
-        "gaps": 1,
-        "duplicates": 2,
-        "late_fraction": 0.05,
-        "multi_chunk_fraction": 0.3,
-        "files": 3,
-    }
-    generate_archive(path, GenerateOptions(**(base | options)))
+    generate_archive(path, dataclasses.replace(FEATURED, **options))
     return path
 
 

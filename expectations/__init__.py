@@ -1,4 +1,4 @@
-"""Great Expectations 1.x suites for Replay's outputs (SPEC section 8).
+"""Great Expectations 1.x suites for Replay's outputs (docs/validation.md#suites).
 
 Each suite is a module with ``NAME``, ``frame(inputs)`` (the Spark DataFrame it validates:
 a table of the output version, with the columns its expectations compare) and

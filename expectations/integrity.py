@@ -1,4 +1,4 @@
-"""The ``integrity`` suite (SPEC section 8): the job's thresholds on gaps, incomplete and skipped
+"""The ``integrity`` suite (docs/validation.md#suites): the job's thresholds on gaps, incomplete and skipped
 sequences, conflicts, regressions and the late fraction (``validation:`` in the job file).
 
 The frame has one row per watermark key: the count of each integrity kind (kinds that
@@ -43,6 +43,7 @@ def frame(inputs: SuiteInputs) -> DataFrame:
         row["unknown_kinds"] = sum(n for (k, _), n in counts.items() if k not in KINDS)
         row["late"] = late.get(key, 0)
         row["tuples_read"] = read
+        # A ratio compared with a threshold, not a time: a double is what it is.
         row["late_fraction"] = late.get(key, 0) / read if read else 0.0
         rows.append(row)
     schema = "wm_key string, " + ", ".join(f"{c} long" for c in KINDS.values())

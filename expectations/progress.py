@@ -1,4 +1,4 @@
-"""The ``progress`` suite (SPEC section 8): ``G_k`` never decreases across batches; per origin
+"""The ``progress`` suite (docs/validation.md#suites): ``G_k`` never decreases across batches; per origin
 and key the local watermark, the complete prefix and the stream cut never decrease.
 
 The frame is the ``progress`` table with each watermark as integer microseconds ("no

@@ -1,4 +1,4 @@
-"""The ``reconciliation`` suite (SPEC section 8): the emitted windows equal an independent
+"""The ``reconciliation`` suite (docs/validation.md#suites): the emitted windows equal an independent
 recomputation, and the ledger identity holds for every batch.
 
 **The recomputation** is a plain Spark batch over the version's archive files, written
@@ -64,6 +64,34 @@ def _kept_rows(inputs: SuiteInputs) -> tuple[DataFrame, DataFrame]:
     return rows.where("_kept"), rows.where("NOT _kept")
 
 
+def _archive_micros(column: str, kind: str) -> Column:
+    """An archive time column as int64 microseconds, written apart from the engine's conversion
+    (``replay.buffers.time_micros``) so that a bug there shows up as a difference here.
+
+    Nanoseconds (int64 under ``nanosAsLong``) go through exact decimal arithmetic: ``floor`` of
+    ``decimal(20,0) / 1000`` truncates toward minus infinity and never touches a double.
+    """
+    from pyspark.sql import functions as F
+
+    col = F.col(f"`{column}`")
+    if kind == "epoch_ms":
+        return col.cast("long") * F.lit(1000)
+    if kind == "ns":
+        return F.floor(col.cast("decimal(20,0)") / F.lit(1000).cast("decimal(4,0)")).cast("long")
+    return F.unix_micros(col.cast("timestamp"))  # Spark's own reading of a ms or us Parquet timestamp
+
+
+def _output_micros(column: str, kind: str) -> Column:
+    """A time column of the ``late`` table as int64 microseconds: a timestamp for every Parquet
+    unit (nanoseconds were truncated to microseconds), int64 epoch milliseconds under ``time_unit: ms``."""
+    from pyspark.sql import functions as F
+
+    col = F.col(f"`{column}`")
+    if kind == "epoch_ms":
+        return col.cast("long") * F.lit(1000)
+    return F.unix_micros(col.cast("timestamp"))
+
+
 def _tuple_flag(layout: Any) -> Column:
     """A row is a tuple (not a punctuation row) unless its key and every event-time column are null."""
     from pyspark.sql import functions as F
@@ -118,8 +146,6 @@ def recompute(inputs: SuiteInputs) -> tuple[DataFrame, dict[str, int]]:
     """
     from pyspark.sql import functions as F
 
-    from replay.buffers import time_micros
-
     layout = inputs.layout
     kept, discarded = _kept_rows(inputs)
     is_tuple = _tuple_flag(layout)
@@ -136,12 +162,12 @@ def recompute(inputs: SuiteInputs) -> tuple[DataFrame, dict[str, int]]:
     for spec in inputs.config.windows:
         key = late_kind[spec.wm_key]
         kind = layout.time_columns[key.event_time]
-        rows = kept.withColumn("_t", time_micros(kept, key.event_time, kind)).where("_t IS NOT NULL")
+        rows = kept.withColumn("_t", _archive_micros(key.event_time, kind)).where("_t IS NOT NULL")
         late_k = late.where(F.col("wm_key") == spec.wm_key).select(
             F.col("origin_id").alias("_o"),
             F.col("sequence_number").alias("_s"),
             F.col("chunk_number").alias("_c"),
-            time_micros(late, key.event_time, kind).alias("_late_t"),
+            _output_micros(key.event_time, kind).alias("_late_t"),
         )
         rows = rows.join(
             late_k,

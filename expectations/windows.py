@@ -1,4 +1,4 @@
-"""The ``windows`` suite (SPEC section 8): schema, non-null, window sizes, counts, uniqueness,
+"""The ``windows`` suite (docs/validation.md#suites): schema, non-null, window sizes, counts, uniqueness,
 closure under the effective watermark, and ``min <= mean <= max``.
 
 The frame is the ``windows`` table plus a few columns the expectations compare:

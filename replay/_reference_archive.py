@@ -1,4 +1,4 @@
-"""Reading an archive for the reference model: SPEC section 1, the naive way.
+"""Reading an archive for the reference model: docs/archive.md, the naive way.
 
 Private to ``replay.reference``. Every Parquet file is read whole into Python
 rows (timestamps as int microseconds), cut into copies (maximal runs of one
@@ -136,7 +136,7 @@ def _content(copy: _Copy, ingest_column: str) -> Counter[tuple[tuple[str, str], 
     """The copy's content as a multiset of rows, every column but ``ingest_ts``.
 
     Every row of a copy carries the same metadata, so this is the multiset of its rows
-    plus its metadata: SPEC section 1's content hash, compared directly.
+    plus its metadata: the content hash of docs/archive.md#copies-duplicates-and-conflicts, compared directly.
     """
     return Counter(
         tuple(sorted((name, repr(value)) for name, value in row.items() if name != ingest_column)) for row in copy.rows
@@ -212,7 +212,7 @@ def _resolve_keys(config: JobConfig, archive_columns: Sequence[str]) -> dict[str
             watermark=watermark,
             allowed_lateness=key.allowed_lateness,
         )
-    for spec in config.windows:  # SPEC section 10: an unknown column is a configuration error
+    for spec in config.windows:  # docs/errors.md#bad-input: an unknown column is a configuration error
         for agg in spec.aggregations:
             if agg.column is not None and cols.resolve(agg.column) not in archive_columns:
                 raise ConfigError(

@@ -1,4 +1,4 @@
-"""Windows of the reference model (SPEC section 4), the naive way.
+"""Windows of the reference model (docs/semantics.md#windows), the naive way.
 
 Private to ``replay.reference``: every window is rebuilt from the list of on-time
 tuples, with plain Python aggregates. Time is integer microseconds; windows are

@@ -92,6 +92,7 @@ def _dates(micros: np.ndarray) -> np.ndarray:
     import numpy as np
 
     dates: Any = matplotlib.dates  # the module has no type annotations
+    # Matplotlib plots days as floats: a double here only places a point on a chart, never decides a value.
     return np.asarray(dates.date2num(micros.view("datetime64[us]")), dtype=float)  # NEG_INF is NaT: a gap
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from replay.archive import ArchiveLayout
-from replay.buffers import Buffer, time_micros
+from replay.buffers import Buffer, time_micros, time_value
 from replay.config import JobConfig, WindowSpec
 from replay.progress import Decision
 from replay.windows import WindowColumns, aggregated_types, finalize, merge, output_columns, partials
@@ -330,7 +330,12 @@ def run_batch(
                     _q(layout.origin_id).cast("long").alias("origin_id"),
                     _q(layout.sequence_number).cast("long").alias("sequence_number"),
                     _q(layout.chunk_number).cast("long").alias("chunk_number"),
-                    *[_q(name) for name in layout.payload],
+                    *[
+                        time_value(source, name, layout.time_columns[name]).alias(name)
+                        if name in layout.time_columns
+                        else _q(name)
+                        for name in layout.payload
+                    ],
                     F.timestamp_micros(F.col(f"d_thr{i}")).alias("violated_watermark"),
                     F.col(f"d_reason{i}").alias("reason"),
                 )

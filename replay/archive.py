@@ -1,4 +1,4 @@
-"""The archive: file discovery, column mapping and schema validation (SPEC section 1).
+"""The archive: file discovery, column mapping and schema validation (docs/archive.md#columns).
 
 Only Parquet footers are read here (pyarrow, one footer per file); the tuples
 are read by Spark in ``replay.buffers``. A file that cannot be opened, is

@@ -1,4 +1,4 @@
-"""Per-buffer metadata, extracted with Spark (SPEC section 1).
+"""Per-buffer metadata, extracted with Spark (docs/archive.md#buffers-and-punctuation-rows).
 
 One Spark aggregation turns the archive's rows into one row per *copy* (a
 contiguous run of rows of one buffer identity in one file): row and tuple
@@ -25,7 +25,16 @@ if TYPE_CHECKING:
 
     from replay.config import JobConfig
 
-__all__ = ["Buffer", "BufferScan", "Conflict", "DuplicateCopy", "read_rows", "scan_buffers", "time_micros"]
+__all__ = [
+    "Buffer",
+    "BufferScan",
+    "Conflict",
+    "DuplicateCopy",
+    "read_rows",
+    "scan_buffers",
+    "time_micros",
+    "time_value",
+]
 
 _MASK32 = 0xFFFFFFFF
 
@@ -99,19 +108,45 @@ class BufferScan:
     spark_paths: dict[str, str] = field(default_factory=dict)  # Buffer.file -> the path Spark reports
 
 
+def _sql_name(column: str) -> str:
+    """``column`` quoted for a Spark SQL expression."""
+    return "`" + column.replace("`", "``") + "`"
+
+
 def time_micros(df: DataFrame, column: str, kind: str) -> Column:
-    """A Spark expression for ``column`` as int64 microseconds since the epoch (UTC)."""
+    """A Spark expression for ``column`` as int64 microseconds since the epoch (UTC).
+
+    ``kind`` is the column's entry in ``ArchiveLayout.time_columns``. Nanoseconds (read as
+    int64 under ``spark.sql.legacy.parquet.nanosAsLong``) are truncated toward minus infinity
+    in exact 64-bit integer arithmetic: ``-1 ns`` is ``-1 us``, ``999 ns`` is ``0 us``. They
+    never go through a double, which holds epoch nanoseconds of this century only to the
+    nearest 256 ns and would put a tuple on the wrong side of a watermark.
+    """
     from pyspark.sql import functions as F
     from pyspark.sql.types import TimestampNTZType
 
-    col = F.col(f"`{column}`")
+    col = F.col(_sql_name(column))
     if kind == "epoch_ms":
         return col.cast("long") * 1000
-    if kind == "ns":  # read as int64 nanoseconds (spark.sql.legacy.parquet.nanosAsLong)
-        return F.floor(col.cast("long") / 1000).cast("long")
+    if kind == "ns":
+        nanos = col.cast("long")
+        # SQL's integral ``div`` truncates toward zero; below the epoch a remainder means one less.
+        toward_zero = F.expr(f"CAST({_sql_name(column)} AS BIGINT) div 1000")
+        return F.when(nanos % 1000 < 0, toward_zero - 1).otherwise(toward_zero)
     if isinstance(df.schema[column].dataType, TimestampNTZType):
         col = col.cast("timestamp")  # wall clock taken as UTC (the session time zone)
     return F.unix_micros(col)
+
+
+def time_value(df: DataFrame, column: str, kind: str) -> Column:
+    """``column`` as it appears in output tables: a timestamp (microseconds, UTC) for a Parquet
+    timestamp of any unit, the int64 epoch milliseconds unchanged under ``time_unit: ms``."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import TimestampType
+
+    if kind == "epoch_ms" or isinstance(df.schema[column].dataType, TimestampType):
+        return F.col(_sql_name(column))
+    return F.timestamp_micros(time_micros(df, column, kind))
 
 
 def read_rows(spark: SparkSession, layout: ArchiveLayout) -> DataFrame:

@@ -320,7 +320,7 @@ def digest(
     output: Annotated[str, typer.Argument(help="Output directory.")],
     version: Annotated[int | None, typer.Option("--version", help="Version (default: published, else newest).")] = None,
 ) -> None:
-    """One line per table: '<table> <sha256>' over its canonical sorted rows (SPEC section 5)."""
+    """One line per table: '<table> <sha256>' over its canonical sorted rows (docs/cli.md#replay-digest)."""
     from replay.digest import digest as digest_output
 
     try:
@@ -334,7 +334,7 @@ def digest(
 @app.command()
 def show(
     output: Annotated[str, typer.Argument(help="Output directory.")],
-    table: Annotated[str, typer.Option("--table", "-t", help="windows, late, progress or integrity.")],
+    table: Annotated[str, typer.Option("--table", "-t", help="windows, late, progress, integrity or corrections.")],
     fmt: Annotated[str, typer.Option("--format", help="jsonl or csv.")] = "jsonl",
     version: Annotated[int | None, typer.Option("--version", help="Version (default: published, else newest).")] = None,
 ) -> None:

@@ -1,4 +1,4 @@
-"""The job configuration: one pydantic model for SPEC sections 1 to 6.
+"""The job configuration: one pydantic model for every setting of docs/configuration.md.
 
 YAML in (``load_config``), JSON schema out (``json_schema``), and a stable
 fingerprint of the fields that change results (``JobConfig.fingerprint``).
@@ -177,7 +177,7 @@ class SparkSettings(_Model):
 
 
 class ValidationSettings(_Model):
-    """Thresholds of the ``integrity`` suite and the Data Docs history (SPEC section 8).
+    """Thresholds of the ``integrity`` suite and the Data Docs history (docs/validation.md#validation-settings).
 
     ``None`` leaves a count unchecked (it is still reported). Not part of the fingerprint:
     they judge results, they do not change them.
@@ -212,7 +212,7 @@ class PublicationSettings(_Model):
     )
 
 
-#: Fields whose values change the contents of the result tables (SPEC section 5).
+#: Fields whose values change the contents of the result tables (docs/outputs.md#fingerprint).
 RESULT_FIELDS = (
     "columns",
     "time_unit",
@@ -229,7 +229,7 @@ RESULT_FIELDS = (
 
 
 class JobConfig(_Model):
-    """Every setting of a replay job (SPEC sections 1 to 6 and the appendix)."""
+    """Every setting of a replay job (docs/configuration.md#settings)."""
 
     archive: str = Field(min_length=1, description="directory or URI of the Parquet archive")
     output: str | None = None

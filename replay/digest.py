@@ -1,4 +1,4 @@
-"""Canonical rows, table digests and the ``show`` listing (SPEC sections 5 and 7, Appendix).
+"""Canonical rows, table digests and the ``show`` listing (docs/cli.md#replay-digest, docs/cli.md#replay-show).
 
 A table's canonical form is one JSON object per row, keys in column order, rows
 sorted by all columns in column order with nulls first. Its digest is a sha256

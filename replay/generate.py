@@ -1,7 +1,7 @@
 """Synthetic archives for ``replay generate``: buffers with chosen gaps, copies, disorder and late data.
 
 All times are integer microseconds since the epoch, UTC (see ``replay.timeutil``). The archive follows
-SPEC section 1 with the default column names, one row per tuple:
+docs/archive.md#columns with the default column names, one row per tuple:
 
 ``origin_id`` int64 (1..N), ``sequence_number`` int64, ``chunk_number`` int32, ``last_chunk`` bool,
 ``watermark_ts`` (optional), ``ingest_ts`` (optional), ``idle`` bool, ``event_time``, ``key`` (int64 or
@@ -235,6 +235,8 @@ def generate_archive(
     n = _origin_tuples(o.origins, o.tuples, o.idle)
     off = np.concatenate(([0], np.cumsum(n)))
     total = int(off[-1])
+    # A random rate per origin is drawn as a float and rounded once to whole microseconds; every
+    # time below is built from it in int64.
     iv = np.maximum(1, np.rint(o.tuple_interval * r_rate.uniform(0.9, 1.1, o.origins))).astype(i64)
     event = np.empty(total, i64)
     for i in range(o.origins):

@@ -142,7 +142,7 @@ class InspectReport:
 
 
 def participants_of(buffers: Sequence[Buffer], layout: ArchiveLayout) -> dict[str, set[int]]:
-    """Per key, the origins with a non-null watermark for it on some buffer (SPEC section 2)."""
+    """Per key, the origins with a non-null watermark for it on some buffer (docs/archive.md#watermark-keys)."""
     result: dict[str, set[int]] = {k.name: set() for k in layout.keys}
     for buf in buffers:
         for key, value in zip(layout.keys, buf.watermarks, strict=True):
@@ -183,7 +183,7 @@ def inspect_archive(
     Conflicts and regressions that would stop a run are reported, not raised.
 
     Raises:
-        ReplayError: unreadable files, schema errors, malformed buffers (SPEC section 10).
+        ReplayError: unreadable files, schema errors, malformed buffers (docs/errors.md#bad-input).
     """
     from replay.spark import get_session, job_progress
 

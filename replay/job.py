@@ -1,4 +1,4 @@
-"""``replay run``: micro-batches, exactly-once checkpoints and versioned outputs (SPEC sections 4 to 7).
+"""``replay run``: micro-batches, exactly-once checkpoints and versioned outputs (docs/outputs.md).
 
 A run:
 
@@ -192,6 +192,16 @@ def _relevant(buf: Buffer, start: int | None, end: int | None) -> bool:
     return False
 
 
+def _output_field(field: Any, kind: str | None) -> Any:
+    """An archive column's field in an output table: a Parquet timestamp of any unit is a timestamp
+    (microseconds; nanoseconds arrive as int64 under ``nanosAsLong``), epoch milliseconds stay int64."""
+    from pyspark.sql.types import StructField, TimestampType
+
+    if kind is None or kind == "epoch_ms":
+        return field
+    return StructField(field.name, TimestampType(), field.nullable)
+
+
 def _ts(value: int) -> int | None:
     return None if value == NEG_INF else value
 
@@ -318,7 +328,7 @@ def _integrity_table(snapshot: ProgressSnapshot, discarded: Sequence[_state.Disc
 
 @dataclass(slots=True, kw_only=True)
 class _Ledger:
-    """Cumulative counts the ledger identity is checked on (SPEC section 6)."""
+    """Cumulative counts the ledger identity is checked on (docs/outputs.md#ledger)."""
 
     tuples_read: int = 0
     read_xor: int = 0
@@ -539,7 +549,7 @@ def run(
     spark: SparkSession | None = None,
     on_event: Event | None = None,
 ) -> RunSummary:
-    """Replay the archive into the output, resuming from the checkpoint (SPEC section 6).
+    """Replay the archive into the output, resuming from the checkpoint (docs/outputs.md#exactly-once).
 
     ``start``/``end``: an event-time backfill range ``[start, end)`` in microseconds;
     only windows entirely inside it are produced, and only tuples inside it are written
@@ -548,7 +558,7 @@ def run(
     Raises:
         ConfigError: no output, an incompatible checkpoint, bad range (exit code 2).
         ConcurrentWriterError: another process holds the checkpoint.
-        ReplayError: bad input (SPEC section 10); nothing is committed for the failing batch.
+        ReplayError: bad input (docs/errors.md#bad-input); nothing is committed for the failing batch.
     """
     began = time.perf_counter()
     if not config.output:
@@ -976,7 +986,7 @@ class _Runner:
                 StructField("origin_id", LongType(), True),
                 StructField("sequence_number", LongType(), True),
                 StructField("chunk_number", LongType(), True),
-                *[schema[n] for n in layout.payload],
+                *[_output_field(schema[n], layout.time_columns.get(n)) for n in layout.payload],
                 StructField("violated_watermark", TimestampType(), True),
                 StructField("reason", StringType(), False),
             ]

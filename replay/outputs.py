@@ -1,4 +1,4 @@
-"""The output location: versioned tables (SPEC section 7).
+"""The output location: versioned tables (docs/outputs.md#output-location).
 
 Layout of an output directory::
 

@@ -1,4 +1,4 @@
-"""Progress per origin and watermark key (SPEC sections 2 and 3), over buffer metadata only.
+"""Progress per origin and watermark key (docs/semantics.md#progress and on), over buffer metadata only.
 
 ``ProgressEngine`` consumes buffers (in arrival order in arrival mode, in any
 order in origin mode) and tracks, per origin, the complete sequence prefix and
@@ -140,7 +140,7 @@ class ProgressSnapshot:
 
 
 def arrival_order(buffers: Iterable[Buffer]) -> list[Buffer]:
-    """Buffers sorted by (``ingest_ts``, origin, sequence, chunk): SPEC section 3's arrival order."""
+    """Buffers sorted by (``ingest_ts``, origin, sequence, chunk): the arrival order of docs/semantics.md#lateness."""
     return sorted(buffers, key=lambda b: (b.ingest if b.ingest is not None else NEG_INF, b.identity))
 
 
@@ -166,7 +166,7 @@ class ProgressEngine:
     Args:
         keys: the watermark keys, in the order of ``Buffer.watermarks``.
         mode: ``"origin"`` or ``"arrival"`` lateness.
-        participants: per key name, the origins taking part (SPEC section 2), including
+        participants: per key name, the origins taking part (docs/archive.md#watermark-keys), including
             expected origins; in arrival mode every one counts from the first ingest_ts.
         expected_origins: listed origins (never idle while they have sent nothing).
         chunk_base: the first chunk number (0 or 1).
@@ -262,7 +262,7 @@ class ProgressEngine:
         """Add origins that take part from now on (an incremental run that sees them first).
 
         A newcomer counts as minus infinity, below ``G_k``, so it is left out of the minimum
-        until it catches up (SPEC section 2); ``G_k`` is recomputed.
+        until it catches up (docs/semantics.md#global-watermark); ``G_k`` is recomputed.
         """
         added = False
         for index, key in enumerate(self.keys):
@@ -276,7 +276,7 @@ class ProgressEngine:
 
     def finish(self) -> list[Decision]:
         """End the run: under ``gap_policy: skip`` close every missing or incomplete sequence
-        below each origin's highest seen one (SPEC section 2), then recompute ``G_k``."""
+        below each origin's highest seen one (docs/semantics.md#gaps), then recompute ``G_k``."""
         decisions: list[Decision] = []
         if self.gap_policy == "skip":
             for state in sorted(self._origins.values(), key=lambda o: o.id):

@@ -90,6 +90,8 @@ def _late_in_range(table: pa.Table, config: JobConfig, start: int | None, end: i
     for key, settings in config.watermark_keys.items():
         column = table[settings.event_time]
         if pa.types.is_timestamp(column.type):
+            # Late tables hold microsecond timestamps (nanoseconds were truncated when written); a safe
+            # cast, so a finer unit from elsewhere fails loudly instead of rounding.
             micros = column.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
         else:  # int64 epoch milliseconds (time_unit: ms)
             micros = pc.multiply(column.cast(pa.int64()), 1000)
@@ -114,7 +116,7 @@ def _row_ids(table: pa.Table) -> pa.Array:
 
 
 def corrections(before: pa.Table | None, after: pa.Table) -> pa.Table:
-    """The window rows that differ between two ``windows`` tables (SPEC section 7).
+    """The window rows that differ between two ``windows`` tables (docs/validation.md#publish).
 
     One row per window ``(window, key, window_start)`` that was ``added``, ``changed`` or
     ``retracted``: the identity columns, then ``before_<c>`` and ``after_<c>`` for every

@@ -1,9 +1,9 @@
-"""The reference model: SPEC sections 1 (duplicates) to 4, naive and pure Python.
+"""The reference model of docs/archive.md (duplicates) and docs/semantics.md, naive and pure Python.
 
 It plays the role PySpark's ``TwsTester`` plays for stateful streaming: an
 independent, obviously-correct model the engine (``replay.progress`` and the
 Spark job) is compared with on generated archives. It follows
-``docs/semantics.md`` wherever that page is more specific than the SPEC.
+``docs/semantics.md`` and ``docs/archive.md`` rule by rule.
 
 Clarity over speed: the archive (a few thousand rows at most) is read into
 Python objects, one run covers the whole archive (no micro-batches, no

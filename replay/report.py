@@ -1,4 +1,4 @@
-"""``replay report``: one self-contained HTML page about an output version (SPEC sections 2, 3, 7, 8 and 9).
+"""``replay report``: one self-contained HTML page about an output version (docs/validation.md#report).
 
 The page shows the run's summary numbers, the watermark timeline per key (local
 watermark per origin, global watermark, reader time window, per batch), the
@@ -125,9 +125,14 @@ def _micros(array: pa.ChunkedArray | pa.Array, *, int_unit: int = 1) -> np.ndarr
     import pyarrow as pa
 
     if pa.types.is_timestamp(array.type):
-        if array.type.unit != "us":
-            array = array.cast(pa.timestamp("us", tz=array.type.tz), safe=False)
-        values = array.cast(pa.int64()).fill_null(NEG_INF).to_numpy()
+        raw = array.cast(pa.int64()).fill_null(NEG_INF).to_numpy()
+        # Exact integer scaling (numpy's floor division truncates toward minus infinity); Arrow's
+        # unsafe cast would truncate nanoseconds toward zero, one microsecond off below the epoch.
+        if array.type.unit == "ns":
+            values = np.where(raw == NEG_INF, NEG_INF, np.floor_divide(raw, 1000))
+        else:
+            scale = {"s": 1_000_000, "ms": 1_000, "us": 1}[array.type.unit]
+            values = np.where(raw == NEG_INF, NEG_INF, raw * scale)
     else:
         values = array.cast(pa.int64()).fill_null(NEG_INF).to_numpy()
         values = np.where(values == NEG_INF, NEG_INF, values * int_unit)
@@ -331,6 +336,7 @@ def _lateness(late: pa.Table, manifest: Mapping[str, Any], config: Mapping[str, 
         if column not in rows.column_names:
             section["note"] = f"the late table has no column {column!r}: lateness cannot be computed"
             continue
+        # Exact integer differences first; the division to float seconds only shapes the histogram.
         seconds = (
             _micros(rows.column("violated_watermark")) - _micros(rows.column(column), int_unit=int_unit)
         ) / MICROS_PER_SECOND

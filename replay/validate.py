@@ -1,4 +1,4 @@
-"""``replay validate``: run the Great Expectations suites on an output version (SPEC section 8).
+"""``replay validate``: run the Great Expectations suites on an output version (docs/validation.md#validate).
 
 The suites live in the ``expectations`` package, one module each, built from the job
 configuration the version's manifest records. Each suite runs through its GX Checkpoint

@@ -1,4 +1,4 @@
-"""Windows and mergeable partial aggregates in Spark (SPEC section 4).
+"""Windows and mergeable partial aggregates in Spark (docs/semantics.md#windows, #aggregates).
 
 A window aggregation (``WindowSpec``) is computed in three steps that keep every
 per-tuple operation inside Spark:
@@ -229,6 +229,8 @@ def _exact_total(i: int, data_type: DataType) -> Column:
 
     if not _is_float(data_type):
         return F.col(f"p{i}_s")
+    # Payload values, not times: a float column's sum is a double by definition; it is built from
+    # the two exact integer sums only, so it does not depend on the order of the tuples.
     fraction = F.col(f"p{i}_f").cast("double") / F.lit(float(FRACTION_SCALE))
     return F.col(f"p{i}_s").cast("double") + fraction
 
@@ -247,6 +249,7 @@ def _final(agg: Aggregation, i: int, cols: WindowColumns) -> Column:
         return F.when(F.col(f"p{i}_n") > 0, total)
     if agg.fn == "mean":
         total = _exact_total(i, cols.types[agg.column])
+        # A mean is a double by definition (SQL's avg); both operands are exact order-free totals.
         return F.when(F.col(f"p{i}_n") > 0, total.cast("double") / F.col(f"p{i}_n").cast("double"))
     if agg.fn == "min":
         return F.col(f"p{i}_min")

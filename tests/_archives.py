@@ -1,11 +1,12 @@
 """Tiny Parquet archives for tests, written row by row.
 
-A row is a dict keyed by the default column names (SPEC section 1). Columns get
+A row is a dict keyed by the default column names (docs/archive.md#columns). Columns get
 their archive types (``ARCHIVE_TYPES``): required columns are always written,
 optional ones (``watermark_ts``, ``ingest_ts``, ``idle``, ``value``) only when at
 least one row mentions them, so an archive "without ingest_ts" is just rows that
-never set it. Timestamps may be given as int microseconds since the epoch or as
-aware ``datetime`` values; ``None`` is null.
+never set it. Timestamps may be given as int microseconds since the epoch, as
+``Nanos`` (exact nanoseconds, for ``timestamp("ns")`` columns) or as aware
+``datetime`` values; ``None`` is null.
 
     rows = [
         *buffer_rows(1, 1, watermark=10, ingest=1, events=[(5, "a", 1.0)]),
@@ -39,6 +40,7 @@ __all__ = [
     "OPTIONAL_COLUMNS",
     "REQUIRED_COLUMNS",
     "TIMESTAMP",
+    "Nanos",
     "archive_table",
     "buffer_rows",
     "write_archive",
@@ -88,7 +90,21 @@ class _Omit:
 OMIT: Final = _Omit()
 
 
+class Nanos(int):
+    """An exact instant in nanoseconds since the epoch, written as it is (a plain int is microseconds)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"Nanos({int(self)})"
+
+
 def _column(name: str, values: list[Any], kind: pa.DataType | None) -> pa.Array:
+    if kind is not None and pa.types.is_timestamp(kind) and any(isinstance(v, Nanos) for v in values):
+        if not all(v is None or isinstance(v, Nanos) for v in values):
+            raise ValueError(f"column {name!r}: mixes Nanos with other time values")
+        nanos = [None if v is None else int(v) for v in values]
+        return pa.array(nanos, pa.int64()).cast(pa.timestamp("ns", tz="UTC")).cast(kind)
     if kind is not None and pa.types.is_timestamp(kind):
         micros = [from_datetime(v) if isinstance(v, datetime) else v for v in values]
         # Built at microseconds, then cast: a value the target unit cannot hold exactly fails loudly.

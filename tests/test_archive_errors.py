@@ -1,4 +1,4 @@
-"""SPEC section 10 for the archive: every bad input stops with an error naming where and what to do."""
+"""docs/errors.md#bad-input for the archive: every bad input stops with an error naming where and what to do."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 ``./dev.sh cluster`` (the pyspark distribution's ``spark-class ...Master`` / ``...Worker``), and a
 ``replay run --spark-master spark://...`` whose tasks run in the worker's executor.
 
-SPEC section 5: the tables are the same in cluster and local mode. The cluster run and a local run
+docs/semantics.md#determinism: the tables are the same in cluster and local mode. The cluster run and a local run
 (the test session's SparkSession, one batch where the cluster run has two) must give equal digests.
 """
 

@@ -12,10 +12,11 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
+import pyarrow as pa
 import pytest
-from _archives import buffer_rows, write_archive
+from _archives import Nanos, buffer_rows, write_archive
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
@@ -29,9 +30,42 @@ from replay.reference import run_reference
 pytestmark = pytest.mark.spark
 
 
+#: Nanosecond archives sit at realistic epochs (2020 to 2030: far above 2**53 ns, where a double
+#: holds a nanosecond instant only to 256 ns) and place tuples on watermarks and 1 ns and 1 us
+#: either side of them.
+NS: Final = pa.timestamp("ns", tz="UTC")
+NS_TYPES: Final = {"event_time": NS, "watermark_ts": NS, "ingest_ts": NS}
+_NS_EPOCHS: Final = (1_577_836_800 * 10**9, 1_893_456_000 * 10**9)  # 2020-01-01 to 2030-01-01
+_EDGES: Final = (0, 0, -1, 1, -1_000, 1_000, -999, 999)
+
+
 @st.composite
-def archives(draw: st.DrawFn) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
-    """(files as lists of rows, job settings)."""
+def archives(
+    draw: st.DrawFn, unit: str = "us"
+) -> tuple[list[list[dict[str, Any]]], dict[str, Any], dict[str, pa.DataType]]:
+    """(files as lists of rows, job settings, column types for ``write_archive``).
+
+    Times are drawn in microseconds around 1,000; with ``unit="ns"`` each becomes an exact
+    nanosecond instant (``Nanos``) at a random 2020s epoch with a random sub-microsecond part,
+    and half of the tuples sit on an earlier watermark or event time of the archive, or 1 ns or
+    1 us either side of it.
+    """
+    nanos = unit == "ns"
+    base = draw(st.integers(*_NS_EPOCHS)) if nanos else 0
+    anchors: list[int] = []  # instants tuples are placed at or next to (ns mode)
+
+    def instant(micros: int) -> Any:
+        if not nanos:
+            return micros
+        value = Nanos(base + micros * 1_000 + draw(st.sampled_from([0, 1, 500, 871, 872, 999]) | st.integers(0, 999)))
+        anchors.append(value)
+        return value
+
+    def event_time(low: int, high: int) -> Any:
+        if nanos and anchors and draw(st.booleans()):
+            return Nanos(draw(st.sampled_from(anchors)) + draw(st.sampled_from(_EDGES)))
+        return instant(draw(st.integers(low, high)))
+
     explicit = draw(st.booleans())
     chunk_base = draw(st.sampled_from([0, 1]))
     buffers: list[list[dict[str, Any]]] = []
@@ -52,21 +86,22 @@ def archives(draw: st.DrawFn) -> tuple[list[list[dict[str, Any]]], dict[str, Any
                     if idle
                     else [
                         (
-                            draw(st.integers(wm - 100, wm + 20)),
+                            event_time(wm - 100, wm + 20),
                             draw(st.integers(0, 3)),
                             draw(st.sampled_from([1.0, None])),
                         )
                         for _ in range(draw(st.integers(0, 3)))
                     ]
                 )
+                watermark = draw(st.one_of(st.none(), st.just(wm))) if explicit else None
                 buffers.append(
                     buffer_rows(
                         origin,
                         seq,
                         chunk + chunk_base,
                         last=chunk == nchunks - 1,
-                        watermark=draw(st.one_of(st.none(), st.just(wm))) if explicit else None,
-                        ingest=draw(st.integers(0, 400)),
+                        watermark=instant(watermark) if watermark is not None else None,
+                        ingest=instant(draw(st.integers(0, 400))),
                         idle=idle,
                         events=events,
                     )
@@ -80,7 +115,7 @@ def archives(draw: st.DrawFn) -> tuple[list[list[dict[str, Any]]], dict[str, Any
         if draw(st.booleans()):
             delay = draw(st.integers(-5, 50))
             for r in copy:
-                r["ingest_ts"] += delay
+                r["ingest_ts"] = Nanos(r["ingest_ts"] + delay * 1_000) if nanos else r["ingest_ts"] + delay
         elif draw(st.booleans()):
             copy[0] = copy[0] | {"value": 99.0}
         # Not right behind its original: adjacent rows of one identity are one copy by definition.
@@ -103,7 +138,7 @@ def archives(draw: st.DrawFn) -> tuple[list[list[dict[str, Any]]], dict[str, Any
     }
     if not explicit:
         job["watermarks"] = {"default": {"allowed_lateness": draw(st.sampled_from(["0s", "30us"]))}}
-    return [f for f in files if f], job
+    return [f for f in files if f], job, NS_TYPES if nanos else {}
 
 
 def engine_view(config: JobConfig, spark: Any) -> dict[str, Any]:
@@ -167,12 +202,30 @@ def outcome(view: Any, config: JobConfig) -> Any:
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
 @given(archives())
-def test_spark_engine_equals_reference(spark: Any, drawn: tuple[list[list[dict[str, Any]]], dict[str, Any]]) -> None:
-    files, job = drawn
+def test_spark_engine_equals_reference(
+    spark: Any, drawn: tuple[list[list[dict[str, Any]]], dict[str, Any], dict[str, pa.DataType]]
+) -> None:
+    _compare(spark, drawn)
+
+
+@settings(
+    max_examples=int(os.environ.get("REPLAY_DEEP_EXAMPLES", "25")),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
+@given(archives(unit="ns"))
+def test_spark_engine_equals_reference_at_nanoseconds(
+    spark: Any, drawn: tuple[list[list[dict[str, Any]]], dict[str, Any], dict[str, pa.DataType]]
+) -> None:
+    """Exact truncation toward minus infinity: a double conversion puts thresholds 1 us off."""
+    _compare(spark, drawn)
+
+
+def _compare(spark: Any, drawn: tuple[list[list[dict[str, Any]]], dict[str, Any], dict[str, pa.DataType]]) -> None:
+    files, job, types = drawn
     root = Path(tempfile.mkdtemp(prefix="replay-ref-"))
     try:
         for index, rows in enumerate(files):
-            write_archive(root, rows, name=f"part-{index:05d}.parquet")
+            write_archive(root, rows, name=f"part-{index:05d}.parquet", types=types)
         config = parse_config({"archive": str(root)} | job)
         expected = outcome(reference_view, config)
         actual = outcome(lambda c: engine_view(c, spark), config)

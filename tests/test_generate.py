@@ -1,4 +1,4 @@
-"""Tests of ``replay.generate``: the synthetic archive keeps the promises SPEC section 1 and docs/semantics.md make."""
+"""Tests of ``replay.generate``: the synthetic archive keeps the promises docs/archive.md and docs/semantics.md make."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def ident(row: dict[str, Any]) -> Ident:
 
 
 def copies(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Maximal runs of consecutive rows of one buffer identity within one file (docs/semantics.md)."""
+    """Maximal runs of consecutive rows of one buffer identity within one file (docs/archive.md)."""
     runs: list[list[dict[str, Any]]] = []
     for r in rows:
         if runs and runs[-1][-1]["file"] == r["file"] and ident(runs[-1][-1]) == ident(r):

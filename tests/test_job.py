@@ -1,7 +1,7 @@
 """``replay run``: determinism across batch plans, incremental runs, backfill ranges, checkpoint safety.
 
 Equal digests of the ``windows``, ``late`` and ``integrity`` tables are the proof
-(SPEC section 5); ``progress`` depends on the batch plan by definition. Crash and
+(docs/semantics.md#determinism); ``progress`` depends on the batch plan by definition. Crash and
 lock tests live in ``test_job_crash.py``.
 """
 

@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from _archives import write_archive
 from hypothesis import Phase, event, given, settings
@@ -145,20 +146,37 @@ def _same_windows(actual: list[Any], expected: list[Any]) -> None:
             assert _close(av, ev), (a[:5], name, av, ev)
 
 
+Drawn = tuple[list[list[dict[str, Any]]], dict[str, Any], dict[str, pa.DataType]]
+
+
 @settings(
     max_examples=int(os.environ.get("REPLAY_DEEP_EXAMPLES", "12")),
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
     deadline=None,
 )
 @given(archives(), window_jobs())
-def test_run_equals_reference(
-    spark: Any, drawn: tuple[list[list[dict[str, Any]]], dict[str, Any]], jobs: dict[str, Any]
-) -> None:
-    files, job = drawn
+def test_run_equals_reference(spark: Any, drawn: Drawn, jobs: dict[str, Any]) -> None:
+    _compare(spark, drawn, jobs)
+
+
+@settings(
+    max_examples=int(os.environ.get("REPLAY_DEEP_EXAMPLES", "6")),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    deadline=None,
+)
+@given(archives(unit="ns"), window_jobs())
+def test_run_equals_reference_at_nanoseconds(spark: Any, drawn: Drawn, jobs: dict[str, Any]) -> None:
+    """Nanosecond archives at 2020s epochs, tuples on watermarks and 1 ns / 1 us either side:
+    the run's windows and late rows (event times as microsecond timestamps) equal the model's."""
+    _compare(spark, drawn, jobs)
+
+
+def _compare(spark: Any, drawn: Drawn, jobs: dict[str, Any]) -> None:
+    files, job, types = drawn
     root = Path(tempfile.mkdtemp(prefix="replay-run-"))
     try:
         for index, rows in enumerate(files):
-            write_archive(root / "archive", rows, name=f"part-{index:05d}.parquet")
+            write_archive(root / "archive", rows, name=f"part-{index:05d}.parquet", types=types)
         config = parse_config({"archive": str(root / "archive"), "output": str(root / "out")} | job | jobs)
         try:
             expected = reference_view(config)

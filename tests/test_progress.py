@@ -1,4 +1,4 @@
-"""The progress engine on buffer metadata: exact cases from the seeds, and invariants."""
+"""The progress engine on buffer metadata: exact cases from NebulaStream and Hazelcast Jet, and invariants."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The reference model (replay.reference) on exact cases from the seeds, SPEC and docs/semantics.md.
+"""The reference model (replay.reference) on exact cases from docs/semantics.md and docs/archive.md.
 
 Every archive is written with tests/_archives.py into pytest's tmp_path. Times are
 int microseconds; ``NEG_INF`` is "no watermark yet".

@@ -2,7 +2,7 @@
 
 ``job_params`` turns ``replay.config.json_schema()`` (the pydantic model's schema) into Airflow
 ``Param`` objects, one per top-level setting, so the form, Airflow's own validation of a trigger
-and the YAML job file all follow one model (SPEC section 9). References (``$ref``) are inlined,
+and the YAML job file all follow one model (docs/configuration.md). References (``$ref``) are inlined,
 because Airflow validates each param against its own schema. ``spark`` becomes ``spark_master``
 (and ``spark_conf``), and the form gains ``start``/``end``, the event-time range ``[start, end)``.
 

@@ -1,0 +1,267 @@
+"""Exact time at every unit: the same instants give the same windows and late rows.
+
+A boundary table (tuples on a watermark, a millisecond either side, on a window's
+first and last millisecond) is archived four ways: Parquet timestamps in ms, us and
+ns, and int64 epoch milliseconds under ``time_unit: ms``; the outputs must be
+identical and equal the hand-computed answer. A nanosecond table then puts values
+a nanosecond either side of microsecond boundaries, near 2026 and below the epoch,
+and must give what the same archive truncated to microseconds (toward minus
+infinity, in Python's exact ``//``) gives. See docs/archive.md#timestamps.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Final
+
+import pyarrow as pa
+import pytest
+from _archives import Nanos, buffer_rows, write_archive
+from typer.testing import CliRunner
+
+from replay import aggregate, buffers
+from replay.cli import app
+from replay.config import JobConfig, parse_config
+from replay.digest import canonical_lines, digest
+from replay.job import run
+from replay.outputs import read_table
+from replay.timeutil import parse_timestamp
+from replay.validate import validate
+
+pytestmark = pytest.mark.spark
+
+MS: Final = 1_000  # microseconds
+T0: Final = parse_timestamp("2026-01-01T00:00:13Z")
+WINDOWS: Final = [
+    {"name": "tumbling", "size": "1s", "aggregations": [{"fn": "count"}, {"fn": "sum", "column": "value"}]},
+    {
+        "name": "sliding",
+        "kind": "sliding",
+        "size": "2s",
+        "slide": "500ms",
+        "offset": "250ms",
+        "aggregations": [{"fn": "count"}, {"fn": "min", "column": "value"}],
+    },
+]
+UNITS: Final = {
+    "ms": pa.timestamp("ms", tz="UTC"),
+    "us": pa.timestamp("us", tz="UTC"),
+    "ns": pa.timestamp("ns", tz="UTC"),
+    "epoch_ms": pa.int64(),
+}
+
+
+def _boundary_rows(value: Any) -> list[dict[str, Any]]:
+    """Origin 1 promises T0, then T0 + 1 s; origin 2 keeps up so the global watermark moves.
+
+    ``value(micros)`` writes an instant in the archive's unit. Late by construction (origin
+    mode: behind the origin's previous watermark) are the tuples at T0 - 1 ms (sequence 2)
+    and T0 + 999 ms (sequence 3, behind T0 + 1 s); on time are those at T0, T0 + 1 ms,
+    T0 + 1 s (on the watermark) and T0 + 1 s + 999 ms.
+    """
+    rows: list[dict[str, Any]] = []
+    for origin in (1, 2):
+        ingest = origin * 10 * MS
+
+        def buffer(
+            seq: int, wm: int, events: list[tuple[int, int, float]], origin: int = origin, ingest: int = ingest
+        ) -> list[dict[str, Any]]:
+            return buffer_rows(
+                origin,
+                seq,
+                watermark=value(wm),
+                ingest=value(T0 + ingest + seq * 100 * MS),
+                events=[(value(t), key, v) for t, key, v in events],
+            )
+
+        rows += buffer(1, T0, [(T0 - 5_000 * MS, 1, 1.0)])
+        rows += buffer(2, T0 + 1_000 * MS, [(T0 - MS, 1, 2.0), (T0, 1, 3.0), (T0 + MS, 1, 4.0)])
+        rows += buffer(
+            3, T0 + 3_000 * MS, [(T0 + 999 * MS, 1, 5.0), (T0 + 1_000 * MS, 1, 6.0), (T0 + 1_999 * MS, 1, 7.0)]
+        )
+        rows += buffer(4, T0 + 9_000 * MS, [])
+    return rows
+
+
+def _job(archive: Path, out: Path, **extra: Any) -> JobConfig:
+    return parse_config(
+        {
+            "archive": str(archive),
+            "output": str(out / "out"),
+            "checkpoint": str(out / "ckpt"),
+            "windows": WINDOWS,
+            **extra,
+        }
+    )
+
+
+def _late_view(config: JobConfig) -> list[tuple[Any, ...]]:
+    """The late table with event times as microseconds whatever the column's type."""
+    assert config.output is not None
+    late = read_table(config.output, "late")
+    rows = []
+    for r in late.to_pylist():
+        t = r["event_time"]
+        micros = t * MS if isinstance(t, int) else parse_timestamp(t)
+        rows.append((r["wm_key"], r["origin_id"], r["sequence_number"], micros, r["value"], r["reason"]))
+    return sorted(rows)
+
+
+@pytest.mark.parametrize("mode", ["origin", "arrival"])
+def test_the_same_instants_give_the_same_outputs_in_every_unit(spark: Any, tmp_path: Path, mode: str) -> None:
+    outputs: dict[str, JobConfig] = {}
+    for unit, kind in UNITS.items():
+        if unit == "epoch_ms":
+            rows = _boundary_rows(lambda micros: micros // MS)
+            extra: dict[str, Any] = {"time_unit": "ms"}
+        else:
+            rows = _boundary_rows(lambda micros: Nanos(micros * 1_000))
+            extra = {}
+        types = {"event_time": kind, "watermark_ts": kind, "ingest_ts": kind}
+        write_archive(tmp_path / unit / "archive", rows, types=types)
+        config = _job(tmp_path / unit / "archive", tmp_path / unit, lateness=mode, **extra)
+        run(config, spark=spark)
+        outputs[unit] = config
+
+    # The answer by hand: the tuples a promise had already passed, nothing else.
+    expected_late = sorted(
+        ("default", origin, seq, t, v, "behind_origin_watermark" if mode == "origin" else "behind_global_watermark")
+        for origin in (1, 2)
+        for seq, t, v in ((2, T0 - MS, 2.0), (3, T0 + 999 * MS, 5.0))
+    )
+    windows = {unit: read_table(c.output, "windows") for unit, c in outputs.items()}  # type: ignore[arg-type]
+    for unit, config in outputs.items():
+        assert _late_view(config) == expected_late, unit
+        counts = {
+            (r["window"], r["window_start"].isoformat()): r["count"]
+            for r in windows[unit].to_pylist()
+            if r["window"] == "tumbling"
+        }
+        # [T0, T0 + 1 s) holds T0 and T0 + 1 ms of both origins; [T0 + 1 s, T0 + 2 s) holds
+        # T0 + 1 s (on the watermark) and T0 + 1 s + 999 ms (its last millisecond).
+        assert counts[("tumbling", "2026-01-01T00:00:13+00:00")] == 4, unit
+        assert counts[("tumbling", "2026-01-01T00:00:14+00:00")] == 4, unit
+    # Timestamp archives of any unit: byte-identical tables (same schema, same rows).
+    reference = digest(outputs["us"].output)  # type: ignore[arg-type]
+    for unit in ("ms", "ns"):
+        assert digest(outputs[unit].output) == reference, unit  # type: ignore[arg-type]
+    # Epoch milliseconds: the same windows; the late table keeps int64 event times.
+    assert canonical_lines(windows["epoch_ms"], precise=True) == canonical_lines(windows["us"], precise=True)
+    assert read_table(outputs["epoch_ms"].output, "late").schema.field("event_time").type == pa.int64()  # type: ignore[arg-type]
+    assert read_table(outputs["ns"].output, "late").schema.field("event_time").type == pa.timestamp("us", tz="UTC")  # type: ignore[arg-type]
+
+
+#: Nanosecond offsets around microsecond boundaries (the watermark itself carries 899 ns).
+_SUB: Final = (-1_001, -1_000, -999, -1, 0, 1, 517, 899, 999, 1_000, 1_001)
+
+
+def _nanos_rows(base_ns: int) -> list[dict[str, Any]]:
+    """Origin 1 promises ``base + 899 ns``, then sends tuples at the offsets ``_SUB`` around it
+    and around the end of the 1 s window that holds it."""
+    window_end = (base_ns // 1_000_000_000 + 1) * 1_000_000_000
+    events = [(Nanos(base_ns + d), 1, float(i)) for i, d in enumerate(_SUB)]
+    events += [(Nanos(window_end + d), 2, float(100 + i)) for i, d in enumerate(_SUB)]
+    return [
+        *buffer_rows(1, 1, watermark=Nanos(base_ns + 899), events=[(Nanos(base_ns - 10**9), 1, -1.0)]),
+        *buffer_rows(1, 2, watermark=Nanos(base_ns + 5 * 10**9 + 7), events=events),
+        *buffer_rows(1, 3, watermark=Nanos(base_ns + 9 * 10**9), events=[]),
+    ]
+
+
+def _truncated(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The same rows with every time truncated to microseconds toward minus infinity."""
+    return [{k: (v // 1_000 if isinstance(v, Nanos) else v) for k, v in row.items()} for row in rows]
+
+
+@pytest.mark.parametrize(
+    "base_ns",
+    [1_767_225_613_430_000_000, 0],
+    ids=["2026", "epoch"],
+)
+def test_nanoseconds_give_what_their_truncation_to_microseconds_gives(spark: Any, tmp_path: Path, base_ns: int) -> None:
+    ns_type = pa.timestamp("ns", tz="UTC")
+    rows = _nanos_rows(base_ns)
+    write_archive(tmp_path / "ns" / "archive", rows, types={"event_time": ns_type, "watermark_ts": ns_type})
+    write_archive(tmp_path / "us" / "archive", _truncated(rows))
+    ns = _job(tmp_path / "ns" / "archive", tmp_path / "ns")
+    us = _job(tmp_path / "us" / "archive", tmp_path / "us")
+    run(ns, spark=spark)
+    run(us, spark=spark)
+    assert digest(ns.output) == digest(us.output)  # type: ignore[arg-type]
+    # By hand: the threshold is the watermark truncated, base (its 899 ns are dropped); a tuple
+    # is late exactly when its own truncation is below it, i.e. at offsets below 0.
+    late_values = sorted(r[4] for r in _late_view(ns))
+    assert late_values == [float(i) for i, d in enumerate(_SUB) if d < 0]
+    windows = read_table(ns.output, "windows").to_pylist()  # type: ignore[arg-type]
+    key2 = {r["window_start"]: r["count"] for r in windows if r["window"] == "tumbling" and r["key"] == 2}
+    # Around the window end: offsets below 0 (down to -1001 ns) stay in the window before it.
+    assert sorted(key2.values()) == sorted([sum(d < 0 for d in _SUB), sum(d >= 0 for d in _SUB)])
+
+    result = CliRunner().invoke(app, ["show", str(ns.output), "--table", "late"])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.output.splitlines()]
+    assert len(lines) == len(late_values)
+    # ISO 8601 text, with microseconds only where they are not zero; no raw integers.
+    for row in lines:
+        for column in ("event_time", "violated_watermark"):
+            assert isinstance(row[column], str) and _ISO.fullmatch(row[column]), row
+    shown = {row["value"]: row["event_time"] for row in lines}
+    if base_ns == 0:
+        assert shown[0.0] == "1969-12-31T23:59:59.999998Z"  # -1001 ns
+        assert shown[3.0] == "1969-12-31T23:59:59.999999Z"  # -1 ns
+        assert {row["violated_watermark"] for row in lines} == {"1970-01-01T00:00:00.000Z"}
+    else:
+        assert shown[0.0] == "2026-01-01T00:00:13.429998Z"
+        assert {row["violated_watermark"] for row in lines} == {"2026-01-01T00:00:13.430Z"}
+
+
+_ISO: Final = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.(\d{3}|\d{6})Z")
+
+
+def _double_micros(df: Any, column: str, kind: str) -> Any:
+    """The conversion Replay once had: nanoseconds through a double, 256 ns coarse in the 2020s."""
+    from pyspark.sql import functions as F
+
+    if kind == "ns":
+        return F.floor(F.col(f"`{column}`").cast("long") / 1000).cast("long")
+    return _exact_micros(df, column, kind)
+
+
+_exact_micros = buffers.time_micros
+
+
+def test_reconciliation_fails_when_the_engine_converts_time_wrongly(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reconciliation suite recomputes event times by its own path, so a conversion bug in
+    the engine is a failed validation, not a shared wrong answer."""
+    ns_type = pa.timestamp("ns", tz="UTC")
+    write_archive(
+        tmp_path / "archive",
+        _nanos_rows(1_767_225_613_430_000_000),  # the watermark's 899 ns round up through a double
+        types={"event_time": ns_type, "watermark_ts": ns_type},
+    )
+    right = _job(tmp_path / "archive", tmp_path / "right")
+    run(right, spark=spark)
+    outcome = validate(right.output, suites=["reconciliation"], spark=spark)  # type: ignore[arg-type]
+    assert _reconciliation(outcome)["success"], outcome.failures
+
+    monkeypatch.setattr(buffers, "time_micros", _double_micros)
+    monkeypatch.setattr(aggregate, "time_micros", _double_micros)
+    wrong = _job(tmp_path / "archive", tmp_path / "wrong")
+    run(wrong, spark=spark)
+    assert digest(wrong.output) != digest(right.output)  # type: ignore[arg-type]
+    outcome = validate(wrong.output, suites=["reconciliation"], spark=spark)  # type: ignore[arg-type]
+    suite = _reconciliation(outcome)
+    assert not suite["success"] and suite["failed"] >= 1
+    # Windows the wrong conversion moved a tuple into, or out of (as late), differ from the recomputation.
+    assert any(e["column"] == "count_mismatch" and e["unexpected_count"] >= 1 for _, e in outcome.failures)
+
+
+def _reconciliation(outcome: Any) -> dict[str, Any]:
+    """The reconciliation suite's record (a run of one suite is never a whole verdict)."""
+    suites = [s for s in outcome.record["suites"] if s["name"] == "reconciliation"]
+    assert len(suites) == 1
+    return suites[0]  # type: ignore[no-any-return]

@@ -313,6 +313,8 @@ def status(
         + ", ".join(f"{n} {c}" for n, c in data["open_windows"].items())
         + f"; pending: {data['pending_buffers']} buffers ({data['pending_tuples']} tuples)"
     )
+    for line in data["corrupt"]:
+        console.print(f"[yellow]checkpoint.corrupt[/yellow]: {line} (the next run sets it aside and redoes it)")
 
 
 @app.command()

@@ -19,6 +19,7 @@ __all__ = [
     "ArchiveReadError",
     "ArchiveSchemaError",
     "BadBufferError",
+    "CheckpointCorruptError",
     "CheckpointStateError",
     "ConcurrentWriterError",
     "ConfigError",
@@ -156,7 +157,7 @@ class ArchiveSchemaError(DataError):
 
 
 class BadBufferError(DataError):
-    """A buffer's identity or metadata breaks SPEC section 1."""
+    """A buffer's identity or metadata breaks docs/archive.md#buffers-and-punctuation-rows."""
 
     code = "archive.bad_buffer"
 
@@ -190,6 +191,12 @@ class CheckpointStateError(DataError):
     """The checkpoint's persisted state is unreadable or inconsistent with the archive."""
 
     code = "checkpoint.state"
+
+
+class CheckpointCorruptError(CheckpointStateError):
+    """A checkpoint file is truncated, edited or missing: its checksum or a file it names does not hold."""
+
+    code = "checkpoint.corrupt"
 
 
 class PublicationError(DataError):

@@ -42,11 +42,13 @@ from replay.buffers import Buffer, Conflict, DuplicateCopy, scan_buffers
 from replay.checkpoint import CheckpointStore, LockInfo
 from replay.config import JobConfig
 from replay.errors import (
+    CheckpointCorruptError,
     CheckpointStateError,
     ConfigError,
     ConflictingDuplicateError,
     LedgerError,
     Location,
+    ReplayError,
 )
 from replay.inspection import participants_of
 from replay.outputs import encode_schema, list_versions, read_manifest, write_manifest, write_parquet
@@ -368,8 +370,9 @@ class _State:
     commit: dict[str, Any] | None
 
 
-def _rebuild(store: CheckpointStore, config: JobConfig, layout: ArchiveLayout, mode: str) -> _State:
-    commit = store.latest()
+def _rebuild(
+    store: CheckpointStore, config: JobConfig, layout: ArchiveLayout, mode: str, commit: dict[str, Any] | None
+) -> _State:
     engine = _new_engine(config, layout, mode)
     nkeys = len(layout.keys)
     known: dict[tuple[int, int, int], Buffer] = {}
@@ -649,21 +652,35 @@ class _Runner:
         refs: set[str] = set()
         if commit is None:
             return refs
-        for table in ("windows", "late", "progress"):
-            refs |= {str(self.output / p) for p in commit["outputs"][table]}
-        for entry in commit["batches"]:
-            refs.add(str(self.store.root / entry["buffers"]))
-            if entry.get("discarded"):
-                refs.add(str(self.store.root / entry["discarded"]))
-        # open-window state of every retained commit (older ones are pruned)
+        refs |= set(self.store.commit_files(commit, self.output))
+        # open-window state of every retained commit (older ones are pruned); one that no longer
+        # reads intact cannot be resumed from, so its files need no keeping
         for batch in self.store.commits():
-            record = commit if batch == commit["batch"] else self.store.commit_record(batch)
+            if batch == commit["batch"]:
+                continue
+            try:
+                record = self.store.commit_record(batch)
+            except CheckpointCorruptError:
+                continue
             refs |= {str(self.store.root / d) for d in record["open_state"].values() if d}
+        # data files an output version already lists are never leftovers, even when the commit
+        # that staged them was set aside as corrupt and its batch is redone
+        for version in list_versions(self.output):
+            try:
+                manifest = read_manifest(self.output, version)
+            except (OSError, ValueError, ReplayError):
+                continue
+            refs |= {str(self.output / p) for paths in manifest.get("tables", {}).values() for p in paths}
         return refs
 
     def execute(self) -> RunSummary:
         store, config = self.store, self.config
-        commit = store.latest()
+        point = store.resume_point(lambda c: store.missing_files(c, self.output), repair=True)
+        commit = point.commit
+        for line in point.skipped:
+            self.notes.append(f"checkpoint.corrupt: {line}; set aside, its batch is redone")
+        if point.skipped and commit is not None:
+            self.notes.append(f"resuming from commit {commit['batch']}, the newest intact one")
         intent = store.pending_intent()
         removed = store.remove_unreferenced(self._referenced(commit), self._dirs())
         resumed = intent is not None or bool(removed)
@@ -686,7 +703,7 @@ class _Runner:
 
         layout = inspect_schema(config, files=run_files, on_file=lambda d, t: self.event("footers", d, t))
         mode = resolve_lateness(config, layout)
-        state = _rebuild(store, config, layout, mode)
+        state = _rebuild(store, config, layout, mode, commit)
         self.event("scan", 0, 1)
         scan = scan_buffers(self.spark, layout, config, strict=True)
         self.event("scan", 1, 1)

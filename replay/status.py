@@ -25,12 +25,17 @@ def checkpoint_status(checkpoint: str | Path) -> dict[str, Any]:
     ``keys`` (G_k, E_k, time window), ``open_windows`` (per window aggregation),
     ``pending_buffers``, ``pending_tuples``, ``windows_emitted``, ``late_tuples``.
 
+    ``corrupt`` lists newer commits that do not read intact or name missing files (the next
+    run sets them aside and resumes from the commit shown).
+
     Raises:
         ConfigError: no checkpoint (or no commit yet) at ``checkpoint``.
+        CheckpointCorruptError: the identity or every commit is truncated, edited or incomplete.
     """
     store = CheckpointStore(checkpoint)
     identity = store.identity()
-    commit = store.latest() if identity else None
+    point = store.resume_point(lambda c: store.missing_files(c, identity["output"]), repair=False) if identity else None
+    commit = point.commit if point else None
     if identity is None or commit is None:
         raise ConfigError(
             "no committed checkpoint here",
@@ -68,4 +73,7 @@ def checkpoint_status(checkpoint: str | Path) -> dict[str, Any]:
         "pending_buffers": commit["pending_buffers"],
         "pending_tuples": commit["pending_tuples"],
         "gaps": progress["gaps"],
+        # Newer commits that do not read intact (or name missing files): the next run sets them
+        # aside and resumes from this one.
+        "corrupt": list(point.skipped) if point else [],
     }

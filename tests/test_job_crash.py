@@ -9,6 +9,7 @@ run, and its checkpoint must hold every buffer exactly once.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -207,3 +208,69 @@ def test_a_second_writer_is_refused_naming_the_holder(archive: Path, tmp_path: P
     summary = run(load_config(job), spark=spark)
     assert summary.stale_lock is not None and summary.stale_lock.pid == holder.pid
     assert summary.version == 1
+
+
+def _truncate(path: Path) -> None:
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])
+
+
+def _edit_payload(path: Path) -> None:
+    """Change a value and keep the stored sha256, as a hand edit would."""
+    document = json.loads(path.read_text())
+    document["pending_tuples"] += 1
+    path.write_text(json.dumps(document))
+
+
+def _delete_state(path: Path) -> None:
+    """Delete the buffer state file of the batch ``path`` commits."""
+    document = json.loads(path.read_text())
+    (path.parent.parent / document["batches"][-1]["buffers"]).unlink()
+
+
+def test_a_corrupt_commit_is_set_aside_and_its_batch_redone(
+    archive: Path, tmp_path: Path, spark: Any, uninterrupted: dict[str, str]
+) -> None:
+    """Truncated, edited (hash kept) and incomplete (a state file gone) newest commits: each time
+    ``replay status`` names the fault, the next run falls back to the newest intact commit, says
+    so, redoes the batch and gives the digest of an uninterrupted run."""
+    job = write_job(tmp_path, archive)
+    config = load_config(job)
+    run(config, spark=spark)
+    store = CheckpointStore(tmp_path / "ckpt")
+    assert config.output is not None
+    for damage, fault in ((_truncate, "not valid JSON"), (_edit_payload, "sha256"), (_delete_state, "missing")):
+        last = store.commits()[-1]
+        damage(tmp_path / "ckpt" / "commits" / f"{last:08d}.json")
+        status = subprocess.run(
+            [REPLAY, "status", "--checkpoint", str(tmp_path / "ckpt"), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert status.returncode == 0, status.stderr
+        shown = json.loads(status.stdout)
+        assert shown["batch"] == last - 1 and len(shown["corrupt"]) == 1, shown
+        assert shown["corrupt"][0].startswith(f"commit {last}:") and fault in shown["corrupt"][0], shown
+        summary = run(config, spark=spark)
+        assert any(n.startswith(f"checkpoint.corrupt: commit {last}") for n in summary.notes), summary.notes
+        assert any(f"resuming from commit {last - 1}" in n for n in summary.notes), summary.notes
+        assert summary.batches >= 1 and store.commits()[-1] == last
+        assert (tmp_path / "ckpt" / "commits" / f"{last:08d}.json.corrupt").is_file()
+        found = digest(config.output)
+        assert {t: found[t] for t in DETERMINISTIC} == uninterrupted, damage.__name__
+        (tmp_path / "ckpt" / "commits" / f"{last:08d}.json.corrupt").unlink()
+    assert_ledger_whole(tmp_path / "ckpt", len({b.identity for b in _kept_buffers(spark, config)}))
+
+
+def test_a_checkpoint_without_an_intact_commit_stops_with_checkpoint_corrupt(archive: Path, tmp_path: Path) -> None:
+    job = write_job(tmp_path, archive)
+    first = subprocess.run([REPLAY, "run", "--config", str(job)], capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    for path in (tmp_path / "ckpt" / "commits").glob("*.json"):
+        _truncate(path)
+    for command in (["run", "--config", str(job)], ["status", "--checkpoint", str(tmp_path / "ckpt")]):
+        again = subprocess.run([REPLAY, *command], capture_output=True, text=True, timeout=300)
+        assert again.returncode == 1, (command, again.stderr)
+        assert "[checkpoint.corrupt]" in again.stderr and "Traceback" not in again.stderr, again.stderr
+        assert "commits" in again.stderr and "new --checkpoint" in again.stderr

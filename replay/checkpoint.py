@@ -374,6 +374,7 @@ class CheckpointStore:
             if entry.get("discarded"):
                 files.append(str(self.root / entry["discarded"]))
         files += [str(self.root / d) for d in commit["open_state"].values() if d]
+        files += [str(self.root / f) for f in commit.get("snapshot", {}).values()]
         return files
 
     def missing_files(self, commit: Mapping[str, Any], output: str | Path) -> list[str]:

@@ -39,7 +39,7 @@ from replay import _state
 from replay.aggregate import BatchWork, WorkResult, buffer_copy_id, copy_id, run_batch
 from replay.archive import ArchiveLayout, discover_files, inspect_schema, local_path, resolve_lateness
 from replay.buffers import Buffer, Conflict, DuplicateCopy, scan_buffers
-from replay.checkpoint import CheckpointStore, LockInfo
+from replay.checkpoint import CheckpointStore, LockInfo, read_record, write_record
 from replay.config import JobConfig
 from replay.errors import (
     CheckpointCorruptError,
@@ -359,7 +359,13 @@ class _Ledger:
 
 @dataclass(slots=True, kw_only=True)
 class _State:
-    """Everything a run continues from: rebuilt engine, buffers known, pending ones, the last commit."""
+    """Everything a run continues from: the engine, pending buffers, discarded copies, the last commit.
+
+    ``known`` and ``known_copies`` (every buffer ever fed, and every copy consumed or discarded)
+    are the history: loaded from the checkpoint only when the scan meets an identity the engine
+    has seen before (a re-delivered buffer, or a file that changed and was read again), so that
+    resuming costs the same after ten batches as after thousands.
+    """
 
     engine: ProgressEngine
     known: dict[tuple[int, int, int], Buffer]
@@ -368,6 +374,33 @@ class _State:
     discarded: list[_state.Discarded]
     ledger: _Ledger
     commit: dict[str, Any] | None
+    history_loaded: bool = True
+    nkeys: int = 1
+
+    def load_history(self, store: CheckpointStore) -> None:
+        """Read every committed batch's buffer records into ``known`` and ``known_copies``."""
+        if self.history_loaded:
+            return
+        assert self.commit is not None
+        for entry in self.commit["batches"]:
+            for buf in _state.read_buffers(store.root / entry["buffers"], self.nkeys):
+                self.known[buf.identity] = buf
+                self.known_copies.add((buf.file, buf.row_start))
+        self.known_copies |= {(c.file, c.row_start) for c in self.discarded}
+        self.history_loaded = True
+
+
+def _empty_state(engine: ProgressEngine, nkeys: int) -> _State:
+    return _State(
+        engine=engine,
+        known={},
+        known_copies=set(),
+        pending={},
+        discarded=[],
+        ledger=_Ledger(late=[0] * nkeys, no_event=[0] * nkeys, outside=[0] * nkeys),
+        commit=None,
+        nkeys=nkeys,
+    )
 
 
 def _rebuild(
@@ -375,58 +408,52 @@ def _rebuild(
 ) -> _State:
     engine = _new_engine(config, layout, mode)
     nkeys = len(layout.keys)
-    known: dict[tuple[int, int, int], Buffer] = {}
-    known_copies: set[tuple[str, int]] = set()
-    pending: dict[tuple[int, int, int], Buffer] = {}
-    discarded: list[_state.Discarded] = []
     if commit is None:
-        return _State(
-            engine=engine,
-            known=known,
-            known_copies=known_copies,
-            pending=pending,
-            discarded=discarded,
-            ledger=_Ledger(late=[0] * nkeys, no_event=[0] * nkeys, outside=[0] * nkeys),
-            commit=None,
-        )
+        return _empty_state(engine, nkeys)
     if commit["lateness"] != mode:
         raise CheckpointStateError(
             f"the checkpoint replays in {commit['lateness']} mode but the archive now gives {mode}",
             where=Location(file=str(store.root)),
             todo="restore the archive's ingest_ts column, or start a new checkpoint",
         )
+    state = _empty_state(engine, nkeys)
+    state.commit = commit
+    state.ledger = _Ledger.from_json(commit["ledger"])
     for entry in commit["batches"]:
-        engine.join(entry["join"])
-        buffers = _state.read_buffers(store.root / entry["buffers"], nkeys)
-        for buf in buffers:
-            known[buf.identity] = buf
-            known_copies.add((buf.file, buf.row_start))
-            pending[buf.identity] = buf
-        decisions = engine.feed(buffers)
-        if entry["finish"]:
-            decisions += engine.finish()
-        for d in decisions:
-            pending.pop((d.origin, d.sequence, d.chunk), None)
         if entry.get("discarded"):
-            for copy in _state.read_discarded(store.root / entry["discarded"]):
-                discarded.append(copy)
-                known_copies.add((copy.file, copy.row_start))
-    if len(pending) != commit["pending_buffers"]:
+            state.discarded += _state.read_discarded(store.root / entry["discarded"])
+    snapshot = commit.get("snapshot")
+    if snapshot is not None:
+        # The engine as the commit left it: one small record and the buffers in flight.
+        values = read_record(store.root / snapshot["engine"])
+        held = _state.read_buffers(store.root / snapshot["held"], nkeys)
+        engine.restore(values["engine"], held)
+        undecided = {tuple(i) for i in values["undecided"]}
+        state.pending = {b.identity: b for b in held if b.identity in undecided}
+        state.history_loaded = False
+    else:
+        # A checkpoint written before engine snapshots: re-feed every batch's buffers in order.
+        for entry in commit["batches"]:
+            engine.join(entry["join"])
+            buffers = _state.read_buffers(store.root / entry["buffers"], nkeys)
+            for buf in buffers:
+                state.known[buf.identity] = buf
+                state.known_copies.add((buf.file, buf.row_start))
+                state.pending[buf.identity] = buf
+            decisions = engine.feed(buffers)
+            if entry["finish"]:
+                decisions += engine.finish()
+            for d in decisions:
+                state.pending.pop((d.origin, d.sequence, d.chunk), None)
+        state.known_copies |= {(c.file, c.row_start) for c in state.discarded}
+    if len(state.pending) != commit["pending_buffers"]:
         raise CheckpointStateError(
-            f"rebuilding the checkpoint gives {len(pending)} pending buffers, its last commit says "
+            f"rebuilding the checkpoint gives {len(state.pending)} pending buffers, its last commit says "
             f"{commit['pending_buffers']}",
             where=Location(file=str(store.root)),
             todo="the checkpoint is damaged or was written by another replay version; start a new checkpoint",
         )
-    return _State(
-        engine=engine,
-        known=known,
-        known_copies=known_copies,
-        pending=pending,
-        discarded=discarded,
-        ledger=_Ledger.from_json(commit["ledger"]),
-        commit=commit,
-    )
+    return state
 
 
 def _check_ledger(
@@ -663,6 +690,7 @@ class _Runner:
             except CheckpointCorruptError:
                 continue
             refs |= {str(self.store.root / d) for d in record["open_state"].values() if d}
+            refs |= {str(self.store.root / f) for f in record.get("snapshot", {}).values()}
         # data files an output version already lists are never leftovers, even when the commit
         # that staged them was set aside as corrupt and its batch is redone
         for version in list_versions(self.output):
@@ -712,7 +740,15 @@ class _Runner:
         spark_paths.update(scan.spark_paths)
 
         # Deduplicate against the checkpoint: a copy already consumed (its file was re-read) is
-        # skipped; another copy of a known buffer is a duplicate, or a conflict.
+        # skipped; another copy of a known buffer is a duplicate, or a conflict. Only an identity
+        # the engine has seen can be either, so the history is read only when the scan meets one.
+        seen = state.engine.seen
+        if (
+            any(seen(b.identity) for b in scan.buffers)
+            or any(seen((d.origin, d.sequence, d.chunk)) for d in scan.duplicates)
+            or any(seen((c.origin, c.sequence, c.chunk)) for c in scan.conflicts)
+        ):
+            state.load_history(store)
         new: list[Buffer] = []
         discarded: list[_state.Discarded] = []
         for buf in scan.buffers:
@@ -849,9 +885,13 @@ class _Runner:
 
         prefix = f"{self.cid}-b{batch:08d}-{token}"
         open_before = dict(previous["open_state"]) if previous else {}
-        if not reads and effective == e_before:
+        if not any(buf.tuples for buf, _ in reads) and effective == e_before:
+            # Nothing to aggregate (no reads, or punctuation only) and no watermark moved: no
+            # window can change, so no Spark work; the buffers still count as processed.
             result = WorkResult()
             open_after = open_before
+            for buf, _ in reads:
+                ledger.processed_xor ^= buffer_copy_id(buf)
         else:
             work = BatchWork(
                 reads=reads,
@@ -883,6 +923,16 @@ class _Runner:
         if discarded:
             discarded_rel = f"state/b{batch:08d}-{token}-discarded.parquet"
             _state.write_discarded(store.root / discarded_rel, discarded)
+        engine_values, held = engine.export_state()
+        snapshot_rel = {
+            "engine": f"state/b{batch:08d}-{token}-engine.json",
+            "held": f"state/b{batch:08d}-{token}-held.parquet",
+        }
+        write_record(
+            store.root / snapshot_rel["engine"],
+            {"engine": engine_values, "undecided": sorted(list(i) for i in state.pending)},
+        )
+        _state.write_buffers(store.root / snapshot_rel["held"], held, nkeys)
         _fault("after_staging", batch)
 
         outputs = dict(previous["outputs"]) if previous else {"windows": [], "late": [], "progress": []}
@@ -923,6 +973,7 @@ class _Runner:
             "pending_tuples": sum(b.tuples for b in state.pending.values()),
             "schemas": self._schemas(schema, layout, previous),
             "progress": _snapshot_json(snapshot),
+            "snapshot": snapshot_rel,
         }
         _fault("during_commit", batch)
         store.commit(batch, record)

@@ -14,9 +14,10 @@ after batch; ``finish`` ends a run (``gap_policy: skip`` acts there).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from replay.errors import BadBufferError, Location, WatermarkRegressionError
 from replay.timeutil import NEG_INF, format_ts, minus
@@ -445,6 +446,97 @@ class ProgressEngine:
             self.global_wm[index] = max(previous, candidate)
             self._counted[index] = tuple(counted)
             self._window[index] = (min(local[o] for o in counted), max(local[o] for o in counted)) if counted else None
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    def seen(self, identity: tuple[int, int, int]) -> bool:
+        """Whether a buffer identity lies within what was fed: its sequence is in the origin's
+        complete prefix (consumed, or closed by ``gap_policy: skip``), or the chunk is pending."""
+        origin, sequence, chunk = identity
+        state = self._origins.get(origin)
+        if state is None:
+            return False
+        return sequence <= state.prefix or chunk in state.pending.get(sequence, {})
+
+    def pending_buffer(self, identity: tuple[int, int, int]) -> Buffer | None:
+        """The fed buffer of ``identity`` beyond its origin's prefix, if it is one."""
+        origin, sequence, chunk = identity
+        state = self._origins.get(origin)
+        return None if state is None else state.pending.get(sequence, {}).get(chunk)
+
+    def export_state(self) -> tuple[dict[str, Any], list[Buffer]]:
+        """The engine's whole state: JSON-able values, and the buffers it holds beyond each
+        origin's prefix (in origin, sequence, chunk order). ``restore`` takes both back.
+
+        The size follows the origins and the buffers in flight, never the history fed.
+        """
+        origins = []
+        held: list[Buffer] = []
+        for origin, state in sorted(self._origins.items()):
+            origins.append(
+                {
+                    "id": origin,
+                    "prefix": state.prefix,
+                    "wm": list(state.wm),
+                    "last": sorted([seq, chunk] for seq, chunk in state.last.items()),
+                    "max_seq": state.max_seq,
+                    "cut": list(state.cut) if state.cut is not None else None,
+                    "last_ingest": state.last_ingest,
+                    "idle_marker": state.idle_marker,
+                    "blocked": state.blocked,
+                }
+            )
+            for seq in sorted(state.pending):
+                held += [state.pending[seq][chunk] for chunk in sorted(state.pending[seq])]
+        values = {
+            "mode": self.mode,
+            "keys": [k.name for k in self.keys],
+            "participants": [sorted(p) for p in self.participants],
+            "global_wm": list(self.global_wm),
+            "counted": [list(c) for c in self._counted],
+            "window": [list(w) if w is not None else None for w in self._window],
+            "clock": self._clock,
+            "deadline": self._deadline,
+            "first_ingest": self._first_ingest,
+            "regressions": [dataclasses.asdict(r) for r in self.regressions],
+            "skipped": [dataclasses.asdict(s) for s in self.skipped],
+            "origins": origins,
+        }
+        return values, held
+
+    def restore(self, values: Mapping[str, Any], held: Iterable[Buffer]) -> None:
+        """Take back a state ``export_state`` gave, into an engine built with the same settings.
+
+        Raises:
+            ValueError: the state was exported by an engine with another mode or other keys.
+        """
+        if values["mode"] != self.mode or values["keys"] != [k.name for k in self.keys]:
+            raise ValueError(
+                f"the snapshot is of a {values['mode']} engine with keys {values['keys']}, "
+                f"not {self.mode} with {[k.name for k in self.keys]}"
+            )
+        self.participants = [set(p) for p in values["participants"]]
+        self.global_wm = list(values["global_wm"])
+        self._counted = [tuple(c) for c in values["counted"]]
+        self._window = [(w[0], w[1]) if w is not None else None for w in values["window"]]
+        self._clock = values["clock"]
+        self._deadline = values["deadline"]
+        self._first_ingest = values["first_ingest"]
+        self.regressions = [Regression(**r) for r in values["regressions"]]
+        self.skipped = [Skipped(**{**s, "chunks": tuple(s["chunks"])}) for s in values["skipped"]]
+        self._origins = {}
+        for row in values["origins"]:
+            state = self._state(row["id"])
+            state.prefix = row["prefix"]
+            state.wm = list(row["wm"])
+            state.last = {seq: chunk for seq, chunk in row["last"]}
+            state.max_seq = row["max_seq"]
+            state.cut = (row["cut"][0], row["cut"][1]) if row["cut"] is not None else None
+            state.last_ingest = row["last_ingest"]
+            state.idle_marker = row["idle_marker"]
+            state.blocked = row["blocked"]
+        for buf in held:
+            self._origins[buf.origin].pending.setdefault(buf.sequence, {})[buf.chunk] = buf
 
     # -- reading -----------------------------------------------------------------------------
 

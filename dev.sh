@@ -6,8 +6,12 @@
 #   ./dev.sh setup           only set up .venv from the lock file
 #   ./dev.sh bench [ARGS]    run the benchmarks (benchmarks/)
 #   ./dev.sh cluster         run a Spark standalone master and one worker on 127.0.0.1 (Ctrl-C stops both)
-# Needs Python 3.11 and Java 17 on the machine; everything else is installed into .venv
-# from uv.lock (uv itself is bootstrapped into .tools/).
+#   ./dev.sh airflow         run Airflow as teams do, on 127.0.0.1: a throwaway Postgres metadata database,
+#                            the api-server (UI and the "Replays" page, behind Airflow's login), scheduler
+#                            (LocalExecutor), dag-processor and triggerer on dags/ and plugins/ (Ctrl-C stops all)
+# Needs Python 3.11 and Java 17 on the machine (and Postgres's server for 'airflow': Debian's
+# 'postgresql' package); everything else is installed into .venv from uv.lock (uv itself is
+# bootstrapped into .tools/).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -127,8 +131,187 @@ case "$cmd" in
         # Whichever stops first, the other is stopped with it.
         wait -n
         ;;
+    airflow)
+        # Airflow as teams run it, without Docker. Postgres (Debian's 'postgresql' package: initdb and
+        # pg_ctl from /usr/lib/postgresql/*/bin, or PG_BIN) runs a throwaway cluster in a temporary
+        # directory on a free port of 127.0.0.1, as the 'postgres' system user (or 'nobody') when run
+        # as root; 'airflow db migrate' creates the metadata database in it. Then the api-server, the
+        # scheduler (LocalExecutor), the dag-processor and the triggerer run with dags/ and plugins/,
+        # sharing one JWT secret. Airflow's SimpleAuthManager has one user, admin, with a password made
+        # up at start (printed). Settings: AIRFLOW__API__PORT (default 8088), AIRFLOW__REPLAY__ROOT
+        # (default data/), AIRFLOW_STACK_DIR (AIRFLOW_HOME, logs, env.sh; default a temporary
+        # directory, removed at the end). 'source <dir>/env.sh' points the airflow CLI at the stack.
+        # Ctrl-C or SIGTERM stops every service, then Postgres. If one fails to start, the script
+        # names it, prints the end of its log and stops the others.
+        setup
+        pg_bin=${PG_BIN:-}
+        if [ -z "$pg_bin" ]; then
+            pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
+        fi
+        if [ -z "$pg_bin" ] && command -v initdb >/dev/null 2>&1; then pg_bin=$(dirname "$(command -v initdb)"); fi
+        if [ -z "$pg_bin" ] || [ ! -x "$pg_bin/initdb" ] || [ ! -x "$pg_bin/pg_ctl" ]; then
+            echo "dev.sh: Postgres's server (initdb, pg_ctl) is needed and was not found. Install it" \
+                "(Debian/Ubuntu: 'apt-get install postgresql'; macOS: 'brew install postgresql@16') or set PG_BIN." >&2
+            exit 1
+        fi
+        py=.venv/bin/python
+        port=${AIRFLOW__API__PORT:-8088}
+        free_port() { "$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+        pg_port=$(free_port)
+        if [ -n "${AIRFLOW_STACK_DIR:-}" ]; then
+            mkdir -p "$AIRFLOW_STACK_DIR"
+            stack_dir=$(cd "$AIRFLOW_STACK_DIR" && pwd)
+            own_stack_dir=
+        else
+            stack_dir=$(mktemp -d "${TMPDIR:-/tmp}/replay-airflow.XXXXXX")
+            own_stack_dir=1
+        fi
+        # Postgres's own directory, directly in the temporary directory: its user must reach it.
+        pg_dir=$(mktemp -d "${TMPDIR:-/tmp}/replay-postgres.XXXXXX")
+        if [ "$(id -u)" = 0 ]; then
+            # Postgres refuses to run as root.
+            pg_user=postgres
+            id -u "$pg_user" >/dev/null 2>&1 || pg_user=nobody
+            chown "$pg_user:" "$pg_dir"
+            as_pg() { runuser -u "$pg_user" -- "$@"; }
+        else
+            as_pg() { "$@"; }
+        fi
+        secret() { "$py" -c 'import secrets; print(secrets.token_urlsafe(24))'; }
+        pg_password=$(secret)
+        admin_password=$(secret)
+        names=()
+        pids=()
+        pg_started=
+        stop() {
+            trap "" INT TERM  # a second Ctrl-C must not cut the clean-up short
+            if [ ${#pids[@]} -gt 0 ]; then
+                kill "${pids[@]}" 2>/dev/null || true
+                # Services get 30 s to stop their own workers; then whatever is left is killed.
+                for _ in $(seq 60); do
+                    alive=
+                    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+                    [ -n "$alive" ] || break
+                    sleep 0.5
+                done
+                kill -9 "${pids[@]}" 2>/dev/null || true
+                wait "${pids[@]}" 2>/dev/null || true
+            fi
+            if [ -n "$pg_started" ]; then
+                as_pg "$pg_bin/pg_ctl" -D "$pg_dir/data" -m fast -w stop >/dev/null 2>&1 || true
+            fi
+            rm -rf "$pg_dir"
+            [ -z "$own_stack_dir" ] || rm -rf "$stack_dir"
+            echo "dev.sh: Airflow and Postgres stopped" >&2
+        }
+        trap stop EXIT
+        trap 'exit 130' INT
+        trap 'exit 143' TERM
+        failed() {  # NAME LOG: say which part failed and show the end of its log
+            echo "dev.sh: $1 failed to start; the end of its log ($2):" >&2
+            tail -n 40 "$2" >&2 || true
+            exit 1
+        }
+
+        echo "dev.sh: starting Postgres ($("$pg_bin/postgres" --version)) on 127.0.0.1:$pg_port" >&2
+        printf '%s\n' "$pg_password" >"$pg_dir/password"
+        [ "$(id -u)" != 0 ] || chown "$pg_user:" "$pg_dir/password"
+        as_pg "$pg_bin/initdb" -D "$pg_dir/data" -U airflow --pwfile="$pg_dir/password" --auth=scram-sha-256 \
+            -E UTF8 --locale=C >"$pg_dir/initdb.log" 2>&1 || failed "Postgres (initdb)" "$pg_dir/initdb.log"
+        rm -f "$pg_dir/password"
+        touch "$pg_dir/postgres.log"
+        [ "$(id -u)" != 0 ] || chown "$pg_user:" "$pg_dir/postgres.log"
+        pg_started=1
+        as_pg "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/postgres.log" -w -t 60 \
+            -o "-c listen_addresses=127.0.0.1 -c port=$pg_port -c unix_socket_directories='$pg_dir'" \
+            start >/dev/null 2>&1 || failed Postgres "$pg_dir/postgres.log"
+        PGPASSWORD=$pg_password "$pg_bin/createdb" -h 127.0.0.1 -p "$pg_port" -U airflow airflow \
+            >"$pg_dir/createdb.log" 2>&1 || failed "Postgres (createdb)" "$pg_dir/createdb.log"
+
+        home="$stack_dir/home"
+        logs="$stack_dir/logs"
+        mkdir -p "$home" "$logs"
+        db="postgresql+psycopg://airflow:$pg_password@127.0.0.1:$pg_port/airflow"
+        passwords="$stack_dir/passwords.json"
+        printf '{"admin": "%s"}\n' "$admin_password" >"$passwords"
+        chmod 600 "$passwords"
+        export AIRFLOW_HOME="$home" \
+            AIRFLOW__CORE__LOAD_EXAMPLES=False \
+            AIRFLOW__CORE__DAGS_FOLDER="$PWD/dags" \
+            AIRFLOW__CORE__PLUGINS_FOLDER="$PWD/plugins" \
+            AIRFLOW__CORE__EXECUTOR=LocalExecutor \
+            AIRFLOW__CORE__PARALLELISM="${AIRFLOW__CORE__PARALLELISM:-4}" \
+            AIRFLOW__CORE__AUTH_MANAGER=airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager \
+            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=admin:admin \
+            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE="$passwords" \
+            AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://127.0.0.1:$port/execution/" \
+            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="$db" \
+            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC="$db" \
+            AIRFLOW__API__HOST=127.0.0.1 \
+            AIRFLOW__API__PORT="$port" \
+            AIRFLOW__API__BASE_URL="http://127.0.0.1:$port" \
+            AIRFLOW__API__WORKERS="${AIRFLOW__API__WORKERS:-1}" \
+            AIRFLOW__API__SECRET_KEY="$(secret)" \
+            AIRFLOW__API_AUTH__JWT_SECRET="$(secret)" \
+            AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT="$(free_port)" \
+            AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT="$(free_port)" \
+            AIRFLOW__REPLAY__ROOT="${AIRFLOW__REPLAY__ROOT:-$PWD/data}" \
+            PYTHONPATH="$PWD/plugins${PYTHONPATH:+:$PYTHONPATH}"
+        # For another shell's airflow CLI (airflow dags list, airflow backfill create ...).
+        (umask 077 && env | grep -E '^(AIRFLOW_HOME|AIRFLOW__[A-Z_]+|PYTHONPATH)=' | sort |
+            while IFS='=' read -r key value; do printf 'export %s=%q\n' "$key" "$value"; done >"$stack_dir/env.sh")
+
+        echo "dev.sh: airflow db migrate (log in $logs/migrate.log)" >&2
+        .venv/bin/airflow db migrate >"$logs/migrate.log" 2>&1 || failed "airflow db migrate" "$logs/migrate.log"
+
+        for service in api-server scheduler dag-processor triggerer; do
+            .venv/bin/airflow "$service" >"$logs/$service.log" 2>&1 &
+            pids+=($!)
+            names+=("$service")
+        done
+        # Up when the api-server answers and reports a heartbeat from each of the other three.
+        health="http://127.0.0.1:$port/api/v2/monitor/health"
+        deadline=$((SECONDS + ${AIRFLOW_STACK_TIMEOUT:-180}))
+        until "$py" - "$health" <<'PYEOF' 2>/dev/null
+import json, sys, urllib.request
+state = json.load(urllib.request.urlopen(sys.argv[1], timeout=5))
+parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+sys.exit(0 if all(state[p]["status"] == "healthy" for p in parts) else 1)
+PYEOF
+        do
+            for i in "${!pids[@]}"; do
+                kill -0 "${pids[$i]}" 2>/dev/null || failed "airflow ${names[$i]}" "$logs/${names[$i]}.log"
+            done
+            if [ "$SECONDS" -ge "$deadline" ]; then
+                echo "dev.sh: Airflow not healthy after ${AIRFLOW_STACK_TIMEOUT:-180} s ($health):" >&2
+                curl -s "$health" >&2 2>/dev/null || true
+                for service in "${names[@]}"; do
+                    echo "--- $service ($logs/$service.log)" >&2
+                    tail -n 15 "$logs/$service.log" >&2
+                done
+                exit 1
+            fi
+            sleep 1
+        done
+        echo "dev.sh: Airflow is up: UI http://127.0.0.1:$port (the Replays page: http://127.0.0.1:$port/replay/)" >&2
+        echo "dev.sh: user admin, password $admin_password" >&2
+        echo "dev.sh: metadata database $db; AIRFLOW_HOME and logs in $stack_dir; 'source $stack_dir/env.sh'" \
+            "points the airflow CLI at this stack; Ctrl-C stops it" >&2
+        # Whichever service stops first, the others (and Postgres) are stopped with it.
+        set +e
+        wait -n "${pids[@]}"
+        code=$?
+        set -e
+        for i in "${!pids[@]}"; do
+            if ! kill -0 "${pids[$i]}" 2>/dev/null; then
+                echo "dev.sh: airflow ${names[$i]} exited ($code); the end of its log:" >&2
+                tail -n 40 "$logs/${names[$i]}.log" >&2 || true
+            fi
+        done
+        exit 1
+        ;;
     *)
-        sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
         [ "$cmd" = help ] || exit 2
         ;;
 esac

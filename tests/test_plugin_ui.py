@@ -1,8 +1,14 @@
-"""The "Replays" UI page: the plugin's FastAPI app under uvicorn, opened in headless Chromium."""
+"""The "Replays" UI page: the plugin's FastAPI app under uvicorn, opened in headless Chromium.
+
+The app is served with Airflow's authentication dependency overridden (``tests/_ui_without_auth.py``):
+these tests look at what the page shows. That it answers only an Airflow user is tested against the
+real api-server in ``test_airflow_stack.py``.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -16,7 +22,7 @@ from typing import Any
 import pytest
 
 from replay import checkpoint_status
-from tests._airflow import AirflowHome
+from tests._airflow import REPO, AirflowHome
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.spark  # through the session's validated output
@@ -47,8 +53,13 @@ def server(replays: tuple[Path, dict[str, Any]], tmp_path_factory: pytest.TempPa
     log = tmp_path_factory.mktemp("ui-log") / "uvicorn.log"
     with open(log, "w") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "replay_airflow.ui:app", "--host", "127.0.0.1", "--port", str(port)],
-            env=home.env(AIRFLOW__REPLAY__CHECKPOINT_ROOT=str(root)),
+            [
+                *(sys.executable, "-m", "uvicorn", "tests._ui_without_auth:app", "--factory"),
+                *("--host", "127.0.0.1", "--port", str(port)),
+            ],
+            env=home.env(
+                AIRFLOW__REPLAY__CHECKPOINT_ROOT=str(root), PYTHONPATH=f"{REPO / 'plugins'}{os.pathsep}{REPO}"
+            ),
             stdout=sink,
             stderr=subprocess.STDOUT,
         )

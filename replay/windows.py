@@ -12,14 +12,8 @@ per-tuple operation inside Spark:
    one row of the ``windows`` table.
 
 Every partial is exactly mergeable, so results do not depend on how a run was
-cut into batches: counts and integer sums are 64-bit integers, sums of
-floating-point columns are carried as two 64-bit integer sums, of the values'
-integer parts and of their fractional parts in units of 1e-9 (exact addition
-in fast integer arithmetic, so the order of the tuples cannot change a bit of
-the result; each value's fraction is rounded to 1e-9, and an integer sum beyond
-+-9.2e18 is an arithmetic error), ``min``/``max`` are the column's own type, ``mean``
-is a sum and a count, and ``approx_count_distinct`` carries the set of distinct
-values (it is exact; see docs/semantics.md).
+cut into batches; what each aggregation function carries, merges and emits is
+its entry in the registry ``replay._aggregations.FUNCTIONS`` (see docs/semantics.md).
 
 Two bookkeeping partials are always present: ``_rows`` (on-time tuples in the
 window; every window in the state has at least one, so a window with no on-time
@@ -33,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from replay._aggregations import FLOAT_SUM_TYPE, FUNCTIONS
 from replay.config import Aggregation, WindowSpec
 
 if TYPE_CHECKING:
@@ -49,9 +44,6 @@ __all__ = [
     "owner_start",
     "partials",
 ]
-
-FLOAT_SUM_TYPE = "fixed"
-FRACTION_SCALE = 1_000_000_000  # a float's fractional part is added in units of 1e-9
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,20 +67,6 @@ def _q(name: str) -> str:
     return f"`{name}`"
 
 
-def _sum_kind(data_type: DataType) -> str:
-    from pyspark.sql.types import ByteType, DecimalType, IntegerType, LongType, ShortType
-
-    if isinstance(data_type, ByteType | ShortType | IntegerType | LongType):
-        return "long"
-    if isinstance(data_type, DecimalType):
-        return f"decimal(38,{data_type.scale})"
-    return FLOAT_SUM_TYPE
-
-
-def _is_float(data_type: DataType) -> bool:
-    return _sum_kind(data_type) == FLOAT_SUM_TYPE
-
-
 def aggregated_types(specs: Sequence[WindowSpec], schema: StructType) -> dict[str, DataType]:
     """The Spark type of every column the window aggregations ``specs`` aggregate, from ``schema``."""
     return {a.column: schema[a.column].dataType for spec in specs for a in spec.aggregations if a.column is not None}
@@ -97,36 +75,14 @@ def aggregated_types(specs: Sequence[WindowSpec], schema: StructType) -> dict[st
 def _partial_exprs(spec: WindowSpec, cols: WindowColumns, member: Column, owned: Column) -> list[Column]:
     from pyspark.sql import functions as F
 
-    def only(value: Column) -> Column:
-        return F.when(member, value)
-
     exprs = [
-        F.count(only(F.lit(1))).alias("_rows"),
-        F.count(only(F.when(owned, 1))).alias("_owned"),
+        F.count(F.when(member, F.lit(1))).alias("_rows"),
+        F.count(F.when(member, F.when(owned, 1))).alias("_owned"),
     ]
     for i, agg in enumerate(spec.aggregations):
-        if agg.column is None:
-            continue
-        col = only(F.col(_q(agg.column)))
-        if agg.fn in ("count", "sum", "mean"):
-            exprs.append(F.count(col).alias(f"p{i}_n"))
-        if agg.fn in ("sum", "mean"):
-            kind = _sum_kind(cols.types[agg.column])
-            if kind == FLOAT_SUM_TYPE:
-                # Exact and order-independent, in 64-bit integer arithmetic: the integer parts, and
-                # the fractional parts rounded to 1e-9 (see the module docstring).
-                whole = F.floor(col)
-                exprs.append(F.sum(whole.cast("long")).alias(f"p{i}_s"))
-                fraction = F.round((col - whole) * F.lit(float(FRACTION_SCALE))).cast("long")
-                exprs.append(F.sum(fraction).alias(f"p{i}_f"))
-            else:
-                exprs.append(F.sum(col.cast(kind)).cast(kind).alias(f"p{i}_s"))
-        if agg.fn == "min":
-            exprs.append(F.min(col).alias(f"p{i}_min"))
-        if agg.fn == "max":
-            exprs.append(F.max(col).alias(f"p{i}_max"))
-        if agg.fn == "approx_count_distinct":
-            exprs.append(F.collect_set(col).alias(f"p{i}_set"))
+        if agg.column is not None:
+            value = F.when(member, F.col(_q(agg.column)))
+            exprs += FUNCTIONS[agg.fn].partial(i, value, cols.types[agg.column])
     return exprs
 
 
@@ -135,23 +91,8 @@ def _merge_exprs(spec: WindowSpec, cols: WindowColumns) -> list[Column]:
 
     exprs = [F.sum("_rows").cast("long").alias("_rows"), F.sum("_owned").cast("long").alias("_owned")]
     for i, agg in enumerate(spec.aggregations):
-        if agg.column is None:
-            continue
-        if agg.fn in ("count", "sum", "mean"):
-            exprs.append(F.sum(f"p{i}_n").cast("long").alias(f"p{i}_n"))
-        if agg.fn in ("sum", "mean"):
-            kind = _sum_kind(cols.types[agg.column])
-            if kind == FLOAT_SUM_TYPE:
-                exprs.append(F.sum(f"p{i}_s").cast("long").alias(f"p{i}_s"))
-                exprs.append(F.sum(f"p{i}_f").cast("long").alias(f"p{i}_f"))
-            else:
-                exprs.append(F.sum(f"p{i}_s").cast(kind).alias(f"p{i}_s"))
-        if agg.fn == "min":
-            exprs.append(F.min(f"p{i}_min").alias(f"p{i}_min"))
-        if agg.fn == "max":
-            exprs.append(F.max(f"p{i}_max").alias(f"p{i}_max"))
-        if agg.fn == "approx_count_distinct":
-            exprs.append(F.array_distinct(F.flatten(F.collect_list(f"p{i}_set"))).alias(f"p{i}_set"))
+        if agg.column is not None:
+            exprs += FUNCTIONS[agg.fn].merge(i, cols.types[agg.column])
     return exprs
 
 
@@ -222,65 +163,25 @@ def merge(parts: Sequence[DataFrame], spec: WindowSpec, cols: WindowColumns) -> 
     return union.groupBy("key", "window_start").agg(*_merge_exprs(spec, cols))
 
 
-def _exact_total(i: int, data_type: DataType) -> Column:
-    """The sum of partial ``i``: for floats, the exact integer sums combined as a double (a function
-    of the two integers only, so still independent of the order of the tuples)."""
-    from pyspark.sql import functions as F
-
-    if not _is_float(data_type):
-        return F.col(f"p{i}_s")
-    # Payload values, not times: a float column's sum is a double by definition; it is built from
-    # the two exact integer sums only, so it does not depend on the order of the tuples.
-    fraction = F.col(f"p{i}_f").cast("double") / F.lit(float(FRACTION_SCALE))
-    return F.col(f"p{i}_s").cast("double") + fraction
-
-
 def _final(agg: Aggregation, i: int, cols: WindowColumns) -> Column:
     from pyspark.sql import functions as F
 
     if agg.column is None:
-        return F.col("_rows")
-    if agg.fn == "count":
-        return F.col(f"p{i}_n")
-    if agg.fn == "sum":
-        total = _exact_total(i, cols.types[agg.column])
-        if _is_float(cols.types[agg.column]):
-            total = total.cast("double")
-        return F.when(F.col(f"p{i}_n") > 0, total)
-    if agg.fn == "mean":
-        total = _exact_total(i, cols.types[agg.column])
-        # A mean is a double by definition (SQL's avg); both operands are exact order-free totals.
-        return F.when(F.col(f"p{i}_n") > 0, total.cast("double") / F.col(f"p{i}_n").cast("double"))
-    if agg.fn == "min":
-        return F.col(f"p{i}_min")
-    if agg.fn == "max":
-        return F.col(f"p{i}_max")
-    return F.size(f"p{i}_set").cast("long")  # approx_count_distinct
+        return F.col("_rows")  # count of rows: every window carries it
+    return FUNCTIONS[agg.fn].final(i, cols.types[agg.column])
 
 
 def output_columns(specs: Sequence[WindowSpec], types: dict[str, DataType]) -> list[tuple[str, DataType]]:
     """The aggregation columns of the ``windows`` table: the union over ``specs``, in first-seen order."""
-    from pyspark.sql.types import DecimalType, DoubleType, LongType
+    from pyspark.sql.types import LongType
 
     out: dict[str, DataType] = {}
     for spec in specs:
         for agg in spec.aggregations:
-            if agg.output_name in out:
-                continue
-            if agg.column is None or agg.fn in ("count", "approx_count_distinct"):
-                out[agg.output_name] = LongType()
-            elif agg.fn == "mean":
-                out[agg.output_name] = DoubleType()
-            elif agg.fn == "sum":
-                column_type = types[agg.column]
-                if isinstance(column_type, DecimalType):
-                    out[agg.output_name] = DecimalType(38, column_type.scale)
-                elif _is_float(column_type):
-                    out[agg.output_name] = DoubleType()
-                else:
-                    out[agg.output_name] = LongType()
-            else:
-                out[agg.output_name] = types[agg.column]
+            if agg.output_name not in out:
+                out[agg.output_name] = (
+                    LongType() if agg.column is None else FUNCTIONS[agg.fn].output_type(types[agg.column])
+                )
     return list(out.items())
 
 

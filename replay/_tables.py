@@ -1,0 +1,315 @@
+"""The output tables a run writes besides Spark's (docs/outputs.md#tables): ``progress`` per
+batch, ``integrity`` and the manifest of a finished run's version, the schemas of ``windows``
+and ``late``, and the progress record a commit carries."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from replay import _state
+from replay.archive import ArchiveLayout, local_path
+from replay.checkpoint import CheckpointStore
+from replay.config import JobConfig
+from replay.outputs import encode_schema, list_versions, read_manifest, write_manifest, write_parquet
+from replay.progress import ProgressSnapshot
+from replay.timeutil import NEG_INF, format_ts
+
+__all__ = [
+    "INTEGRITY_SCHEMA",
+    "integrity_from_json",
+    "integrity_table",
+    "output_field",
+    "progress_table",
+    "snapshot_json",
+    "table_schemas",
+    "write_run_version",
+]
+
+
+def output_field(field: Any, kind: str | None) -> Any:
+    """An archive column's field in an output table: a Parquet timestamp of any unit is a timestamp
+    (microseconds; nanoseconds arrive as int64 under ``nanosAsLong``), epoch milliseconds stay int64."""
+    from pyspark.sql.types import StructField, TimestampType
+
+    if kind is None or kind == "epoch_ms":
+        return field
+    return StructField(field.name, TimestampType(), field.nullable)
+
+
+def _ts(value: int) -> int | None:
+    return None if value == NEG_INF else value
+
+
+def progress_table(batch: int, snapshot: ProgressSnapshot) -> pa.Table:
+    keys = {k.key: k for k in snapshot.keys}
+    rows: dict[str, list[Any]] = {
+        name: []
+        for name in (
+            "batch",
+            "wm_key",
+            "origin_id",
+            "complete_prefix",
+            "local_watermark",
+            "pending_buffers",
+            "global_watermark",
+            "time_window_lower",
+            "time_window_upper",
+            "cut_sequence",
+            "cut_chunk",
+        )
+    }
+    for o in snapshot.origins:
+        cut = snapshot.stream_cut.get(o.origin)
+        key = keys[o.key]
+        rows["batch"].append(batch)
+        rows["wm_key"].append(o.key)
+        rows["origin_id"].append(o.origin)
+        rows["complete_prefix"].append(o.complete_prefix)
+        rows["local_watermark"].append(_ts(o.local_watermark))
+        rows["pending_buffers"].append(o.pending_buffers)
+        rows["global_watermark"].append(_ts(key.global_watermark))
+        rows["time_window_lower"].append(_ts(key.time_window[0]) if key.time_window else None)
+        rows["time_window_upper"].append(_ts(key.time_window[1]) if key.time_window else None)
+        rows["cut_sequence"].append(cut[0] if cut else None)
+        rows["cut_chunk"].append(cut[1] if cut else None)
+    ts = pa.timestamp("us", tz="UTC")
+    return pa.table(
+        rows,
+        schema=pa.schema(
+            [
+                ("batch", pa.int64()),
+                ("wm_key", pa.string()),
+                ("origin_id", pa.int64()),
+                ("complete_prefix", pa.int64()),
+                ("local_watermark", ts),
+                ("pending_buffers", pa.int64()),
+                ("global_watermark", ts),
+                ("time_window_lower", ts),
+                ("time_window_upper", ts),
+                ("cut_sequence", pa.int64()),
+                ("cut_chunk", pa.int64()),
+            ]
+        ),
+    )
+
+
+INTEGRITY_SCHEMA = pa.schema(
+    [
+        ("kind", pa.string()),
+        ("origin_id", pa.int64()),
+        ("sequence_number", pa.int64()),
+        ("chunk_number", pa.int64()),
+        ("wm_key", pa.string()),
+        ("tuples", pa.int64()),
+        ("file", pa.string()),
+        ("other_file", pa.string()),
+        ("detail", pa.string()),
+    ]
+)
+
+
+def integrity_table(snapshot: ProgressSnapshot, discarded: Sequence[_state.Discarded], root: str) -> pa.Table:
+    def rel(path: str) -> str:
+        local, base = local_path(path), local_path(root)
+        if local is not None and base is not None:
+            try:
+                return str(Path(local).resolve().relative_to(Path(base).resolve()))  # the archive may be relative
+            except ValueError:
+                return local
+        return path
+
+    rows: list[dict[str, Any]] = []
+    for origin, seq in snapshot.gaps:
+        rows.append({"kind": "gap", "origin_id": origin, "sequence_number": seq})
+    for origin, seq in snapshot.incomplete:
+        rows.append({"kind": "incomplete", "origin_id": origin, "sequence_number": seq})
+    for s in snapshot.skipped:
+        rows.append(
+            {
+                "kind": "skipped",
+                "origin_id": s.origin,
+                "sequence_number": s.sequence,
+                "detail": "missing" if s.missing else "chunks " + ",".join(map(str, s.chunks)),
+            }
+        )
+    for r in snapshot.regressions:
+        rows.append(
+            {
+                "kind": "regression",
+                "origin_id": r.origin,
+                "sequence_number": r.sequence,
+                "wm_key": r.key,
+                "detail": f"{r.action}: {format_ts(r.watermark)} after {format_ts(r.previous)}",
+            }
+        )
+    for d in discarded:
+        rows.append(
+            {
+                "kind": d.kind,
+                "origin_id": d.origin,
+                "sequence_number": d.sequence,
+                "chunk_number": d.chunk,
+                "tuples": d.tuples,
+                "file": rel(d.file),
+                "other_file": rel(d.kept_file),
+            }
+        )
+    return pa.Table.from_pylist(rows, schema=INTEGRITY_SCHEMA)
+
+
+def snapshot_json(snapshot: ProgressSnapshot) -> dict[str, Any]:
+    """The progress state a commit records (for ``replay status`` and the integrity table)."""
+    return {
+        "keys": [
+            {
+                "key": k.key,
+                "global": k.global_watermark,
+                "effective": k.effective_watermark,
+                "time_window": list(k.time_window) if k.time_window else None,
+                "participants": list(k.participants),
+            }
+            for k in snapshot.keys
+        ],
+        "origins": [
+            {
+                "origin": o.origin,
+                "key": o.key,
+                "complete_prefix": o.complete_prefix,
+                "local_watermark": o.local_watermark,
+                "pending_buffers": o.pending_buffers,
+                "idle": o.idle,
+                "counted": o.counted,
+            }
+            for o in snapshot.origins
+        ],
+        "stream_cut": {str(o): list(c) for o, c in snapshot.stream_cut.items()},
+        "gaps": [list(g) for g in snapshot.gaps],
+        "incomplete": [list(g) for g in snapshot.incomplete],
+        "skipped": [{"origin": s.origin, "sequence": s.sequence, "chunks": list(s.chunks)} for s in snapshot.skipped],
+        "regressions": [
+            {
+                "origin": r.origin,
+                "sequence": r.sequence,
+                "key": r.key,
+                "watermark": r.watermark,
+                "previous": r.previous,
+                "action": r.action,
+            }
+            for r in snapshot.regressions
+        ],
+    }
+
+
+def integrity_from_json(progress: Mapping[str, Any], discarded: Sequence[_state.Discarded], root: str) -> pa.Table:
+    from replay.progress import Regression, Skipped
+
+    snapshot = ProgressSnapshot(
+        mode="",
+        origins=(),
+        keys=(),
+        stream_cut={},
+        gaps=tuple((g[0], g[1]) for g in progress["gaps"]),
+        incomplete=tuple((g[0], g[1]) for g in progress["incomplete"]),
+        skipped=tuple(
+            Skipped(origin=s["origin"], sequence=s["sequence"], chunks=tuple(s["chunks"])) for s in progress["skipped"]
+        ),
+        regressions=tuple(Regression(**r) for r in progress["regressions"]),
+    )
+    return integrity_table(snapshot, discarded, root)
+
+
+def table_schemas(
+    config: JobConfig, schema: Any, layout: ArchiveLayout, previous: Mapping[str, Any] | None
+) -> dict[str, str]:
+    """The Arrow schemas (encoded) of the ``windows`` and ``late`` tables, added to ``previous``'s."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
+
+    from replay.windows import aggregated_types, output_columns
+
+    agg_types = aggregated_types(config.windows, schema)
+    windows = StructType(
+        [
+            StructField("window", StringType(), False),
+            StructField("wm_key", StringType(), False),
+            StructField("key", schema[layout.key].dataType, True),
+            StructField("window_start", TimestampType(), True),
+            StructField("window_end", TimestampType(), True),
+            *[StructField(n, t, True) for n, t in output_columns(config.windows, agg_types)],
+        ]
+    )
+    late = StructType(
+        [
+            StructField("wm_key", StringType(), False),
+            StructField("origin_id", LongType(), True),
+            StructField("sequence_number", LongType(), True),
+            StructField("chunk_number", LongType(), True),
+            *[output_field(schema[n], layout.time_columns.get(n)) for n in layout.payload],
+            StructField("violated_watermark", TimestampType(), True),
+            StructField("reason", StringType(), False),
+        ]
+    )
+    result = dict(previous["schemas"]) if previous else {}
+    result["windows"] = encode_schema(to_arrow_schema(windows, timezone="UTC"))
+    result["late"] = encode_schema(to_arrow_schema(late, timezone="UTC"))
+    return result
+
+
+def write_run_version(
+    output: Path, store: CheckpointStore, cid: str, config: JobConfig, commit: Mapping[str, Any]
+) -> tuple[int | None, int | None]:
+    """The output version of the run ``commit`` ended: (the one already written, the version).
+
+    Writes it (the ``integrity`` table and the manifest) when the commit ends its run and no version
+    names this checkpoint and batch yet; ``(None, None)`` for a commit in the middle of a run.
+    """
+    existing = None
+    for v in reversed(list_versions(output)):
+        manifest = read_manifest(output, v)
+        if manifest.get("kind", "run") != "run":
+            continue  # a publication names its source's checkpoint and batch too
+        if manifest.get("checkpoint_id") == cid and manifest.get("batch") == commit["batch"]:
+            existing = v
+            break
+    if existing is not None or not commit["batches"][-1]["finish"]:
+        return existing, existing
+    discarded: list[_state.Discarded] = []
+    for entry in commit["batches"]:
+        if entry.get("discarded"):
+            discarded += _state.read_discarded(store.root / entry["discarded"])
+    integrity = integrity_from_json(commit["progress"], discarded, config.archive)
+    integrity_rel = f"data/integrity/{cid}-b{commit['batch']:08d}-{commit['token']}.parquet"
+    write_parquet(integrity, output / integrity_rel)
+    version = write_manifest(
+        output,
+        {
+            "checkpoint": str(store.root),
+            "checkpoint_id": cid,
+            "batch": commit["batch"],
+            "run": commit["run"],
+            "range": commit["range"],
+            "lateness": commit["lateness"],
+            "tables": {
+                "windows": commit["outputs"]["windows"],
+                "late": commit["outputs"]["late"],
+                "progress": commit["outputs"]["progress"],
+                "integrity": [integrity_rel],
+            },
+            "schemas": commit["schemas"] | {"integrity": encode_schema(INTEGRITY_SCHEMA)},
+            "watermarks": commit["progress"]["keys"],
+            "counts": commit["ledger"],
+            # What validation needs without the checkpoint (whose commits are pruned):
+            "kind": "run",
+            "config": config.model_dump(mode="json"),
+            "files": sorted(commit["files"]),
+            "origins": commit["progress"]["origins"],
+            "ledger_batches": [
+                {"batch": entry["batch"], **entry["ledger"]} for entry in commit["batches"] if "ledger" in entry
+            ],
+        },
+    )
+    return None, version

@@ -1,0 +1,66 @@
+"""The batch plan (replay._plan): cuts by buffer and tuple bounds, a redone first batch, range relevance."""
+
+from __future__ import annotations
+
+import pytest
+
+from replay._plan import plan_batches, relevant
+from replay.buffers import Buffer
+from replay.config import parse_config
+
+
+def _buf(seq: int, tuples: int, lo: int | None = None, hi: int | None = None) -> Buffer:
+    return Buffer(
+        origin=1,
+        sequence=seq,
+        chunk=1,
+        last_chunk=True,
+        watermarks=(None,),
+        min_event=(lo,),
+        max_event=(hi,),
+        ingest=None,
+        idle=False,
+        tuples=tuples,
+        rows=max(tuples, 1),
+        file="f.parquet",
+        row_start=seq,
+        content_hash="h",
+    )
+
+
+@pytest.mark.parametrize(
+    ("sizes", "micro_batch", "first", "cuts"),
+    [
+        ([5, 5, 5, 5, 5], {"max_buffers": 2}, None, [2, 2, 1]),
+        ([5, 5, 5, 5, 5], {"max_tuples": 10}, None, [2, 2, 1]),
+        ([5, 5, 5, 5, 5], {"max_tuples": 9}, None, [1, 1, 1, 1, 1]),
+        ([20, 1, 1], {"max_tuples": 10}, None, [1, 2]),  # one buffer above the bound is a batch alone
+        ([5, 5, 5, 5, 5], {"max_buffers": 2}, 3, [3, 2]),  # a redone intent keeps its cut
+        ([1, 1, 1], {"max_buffers": 2, "max_tuples": 1}, None, [1, 1, 1]),
+        ([1, 1, 1], {}, None, [3]),
+        ([], {"max_buffers": 2}, None, [0]),  # a run with nothing new still commits one batch
+    ],
+)
+def test_cuts(sizes: list[int], micro_batch: dict[str, int], first: int | None, cuts: list[int]) -> None:
+    config = parse_config({"archive": "a", "micro_batch": micro_batch})
+    buffers = [_buf(i + 1, n) for i, n in enumerate(sizes)]
+    plan = plan_batches(buffers, config, first)
+    assert [len(b) for b in plan] == cuts
+    assert [b for batch in plan for b in batch] == buffers  # order kept, nothing lost or repeated
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "start", "end", "expected"),
+    [
+        (10, 20, None, None, True),
+        (10, 20, 20, 30, True),  # its last tuple sits on the start: inside [start, end)
+        (10, 20, 21, 30, False),
+        (10, 20, 0, 10, False),  # its first tuple sits on the end: outside
+        (10, 20, 0, 11, True),
+        (None, None, 0, 100, False),  # punctuation holds no tuple of any range
+    ],
+)
+def test_relevant_to_a_half_open_range(
+    lo: int | None, hi: int | None, start: int | None, end: int | None, expected: bool
+) -> None:
+    assert relevant(_buf(1, 1, lo, hi), start, end) is expected

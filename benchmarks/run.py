@@ -1,6 +1,8 @@
 """Benchmarks (measurements, never timed tests).
 
-Run with ``./dev.sh bench [inspect|inspect-warm|run|floor] [--sizes TUPLES:TUPLES_PER_BUFFER ...]``.
+Run with ``./dev.sh bench [inspect|inspect-warm|run|floor|resume] [--sizes TUPLES:TUPLES_PER_BUFFER ...]``.
+
+``resume``: a resume after 10 and after 1,000 committed batches (``benchmarks/resume.py``).
 
 ``run``: ``replay run`` against plain Spark batch and Structured Streaming (``bench_run``).
 ``floor``: plain batch against the cheapest possible metadata pass (``bench_floor``).
@@ -276,16 +278,26 @@ def bench_floor(sizes: list[tuple[int, int]], repeats: int = 4) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", nargs="?", default="inspect", choices=["inspect", "inspect-warm", "run", "floor"])
+    parser.add_argument(
+        "what", nargs="?", default="inspect", choices=["inspect", "inspect-warm", "run", "floor", "resume"]
+    )
     parser.add_argument(
         "--sizes",
         nargs="*",
         default=["1000000:1000", "10000000:1000", "10000000:100"],
         help="TUPLES:TUPLES_PER_BUFFER pairs",
     )
+    parser.add_argument(
+        "--histories", nargs="*", type=int, default=[10, 1000], help="resume: committed batches before the resume"
+    )
     options = parser.parse_args()
     sizes = [(int(a), int(b)) for a, b in (s.split(":") for s in options.sizes)]
-    if options.what == "run":
+    if options.what == "resume":
+        sys.path.insert(0, str(ROOT))
+        from resume import bench_resume
+
+        table = bench_resume(options.histories, DATA, measure)
+    elif options.what == "run":
         table = bench_run(sizes)
     elif options.what == "floor":
         table = bench_floor(sizes)

@@ -13,29 +13,15 @@ from replay.buffers import Buffer
 from replay.checkpoint import CheckpointStore, read_record
 from replay.config import JobConfig
 from replay.errors import CheckpointStateError, Location
-from replay.progress import KeySettings, ProgressEngine
+from replay.inspection import engine_for
+from replay.progress import ProgressEngine
 
-__all__ = ["State", "empty_state", "key_settings", "new_engine", "rebuild"]
-
-
-def key_settings(layout: ArchiveLayout) -> list[KeySettings]:
-    return [
-        KeySettings(name=k.name, allowed_lateness=k.allowed_lateness, derived=k.watermark is None) for k in layout.keys
-    ]
+__all__ = ["State", "empty_state", "new_engine", "rebuild"]
 
 
 def new_engine(config: JobConfig, layout: ArchiveLayout, mode: str) -> ProgressEngine:
-    return ProgressEngine(
-        keys=key_settings(layout),
-        mode=mode,
-        participants={},
-        expected_origins=config.expected_origins,
-        chunk_base=config.chunk_base,
-        gap_policy=config.gap_policy,
-        watermark_regression=config.watermark_regression,
-        idle_timeout=config.idle_timeout,
-        strict=True,
-    )
+    """An engine configured from the job, with no participants yet (a run joins them batch by batch)."""
+    return engine_for(config, layout, mode, (), strict=True)
 
 
 @dataclass(slots=True, kw_only=True)

@@ -39,6 +39,6 @@ with DAG(
         checkpoint="{{ params.checkpoint }}",
         key="{{ params.key }}",
         target="{{ params.target or data_interval_end.isoformat() }}",
-        poll_interval=30,
+        poll_interval="{{ params.poll_interval }}",
         timeout=6 * 3600,
     )

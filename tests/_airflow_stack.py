@@ -17,6 +17,7 @@ import socket
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -144,3 +145,73 @@ def airflow_stack(work: Path, root: Path) -> Iterator[Stack]:
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def chromium_page(url: str, *, cookie: tuple[str, str], screenshot: Path, timeout: float = 120) -> str:
+    """Open ``url`` in headless Chromium with ``cookie`` (name, value) set for its host, as a browser after
+    logging in would; save a 1400x900 screenshot and return the DOM after the page loaded.
+
+    Chromium's command line sets no cookie, so this drives it over the DevTools protocol (a websocket).
+    """
+    import base64
+
+    from websockets.sync.client import connect
+
+    profile = screenshot.parent / "chromium-profile"
+    process = subprocess.Popen(
+        [
+            str(CHROMIUM),
+            *("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"),
+            *("--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1400,900"),
+            *("--remote-debugging-port=0", "--remote-allow-origins=*", f"--user-data-dir={profile}", "about:blank"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        port_file = profile / "DevToolsActivePort"
+        while not port_file.exists() or not port_file.read_text().strip():
+            assert process.poll() is None and time.monotonic() < deadline, "Chromium did not open its DevTools port"
+            time.sleep(0.2)
+        port = port_file.read_text().split()[0]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as answer:
+            page = next(t for t in json.load(answer) if t["type"] == "page")
+        with connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=30) as ws:
+            ids = iter(range(1, 1_000_000))
+            events: list[str] = []
+
+            def call(method: str, **params: Any) -> dict[str, Any]:
+                number = next(ids)
+                ws.send(json.dumps({"id": number, "method": method, "params": params}))
+                while True:
+                    message = json.loads(ws.recv(timeout=max(1.0, deadline - time.monotonic())))
+                    if message.get("id") == number:
+                        assert "error" not in message, (method, message["error"])
+                        return dict(message.get("result") or {})
+                    events.append(str(message.get("method")))
+
+            host = urllib.parse.urlsplit(url).hostname or "127.0.0.1"
+            call("Network.enable")
+            call("Network.setCookie", name=cookie[0], value=cookie[1], domain=host, path="/", httpOnly=True)
+            call("Page.enable")
+            # The window's size includes no browser chrome in headless mode only once set here.
+            call("Emulation.setDeviceMetricsOverride", width=1400, height=900, deviceScaleFactor=1, mobile=False)
+            call("Page.navigate", url=url)
+            while "Page.loadEventFired" not in events:
+                message = json.loads(ws.recv(timeout=max(1.0, deadline - time.monotonic())))
+                events.append(str(message.get("method")))
+            dom = call("Runtime.evaluate", expression="document.documentElement.outerHTML", returnByValue=True)
+            shot = call("Page.captureScreenshot", format="png")
+            screenshot.write_bytes(base64.b64decode(shot["data"]))
+            return str(dom["result"]["value"])
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -49,3 +50,41 @@ def test_validate_skips_a_version_with_a_passing_verdict_and_fails_without_retri
     empty = ReplayValidateOperator(task_id="validate", output_dir="nothing-here", current=True)
     with pytest.raises(AirflowFailException, match="no publication to validate"):
         empty.execute({})
+
+
+def test_operators_record_the_dag_runs_that_changed_the_output_for_the_replays_page(output: Path) -> None:
+    from replay_airflow.records import read_record, record_path
+
+    def context(task_id: str) -> dict[str, Any]:
+        return {
+            "dag_run": SimpleNamespace(dag_id="replay_backfill", run_id="manual__2026-01-01", run_type="manual"),
+            "ti": SimpleNamespace(task_id=task_id, try_number=1),
+            "outlet_events": OutletEventAccessors(),
+        }
+
+    from replay_airflow.records import record_task
+
+    root = str(output.parent)
+    # Outside a DAG run (no dag_run in the context: an operator executed directly), nothing is recorded.
+    record_task({}, str(output), "validated", version=1)
+    assert read_record(root, str(output)) is None
+    # One suite is enough to write a verdict (the whole validation is tested elsewhere).
+    validate = ReplayValidateOperator(task_id="validate", output_dir="daily", suites=("integrity",))
+    validate.execute(context("validate"))
+    publish = ReplayPublishOperator(task_id="publish", output_dir="daily", skip_unchanged=True)
+    publish.execute(context("publish"))
+    # What changes nothing records nothing: a passing verdict kept, the same publication.
+    ReplayValidateOperator(task_id="validate", output_dir="daily").execute(context("validate"))
+    with pytest.raises(AirflowSkipException):
+        publish.execute(context("publish"))
+    record = read_record(root, str(output))
+    assert record is not None and record["output"] == str(output)
+    path = record_path(root, str(output))
+    assert path is not None and path.parent == output.parent / ".replay-airflow"
+    assert [
+        (r["dag_id"], r["run_id"], r["run_type"], r["task_id"], r["action"], r["version"]) for r in record["runs"]
+    ] == [
+        ("replay_backfill", "manual__2026-01-01", "manual", "validate", "validated", 1),
+        ("replay_backfill", "manual__2026-01-01", "manual", "publish", "published", 2),
+    ]
+    assert record["runs"][0]["success"] is True and record["runs"][1]["source"] == 1

@@ -14,10 +14,14 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -28,25 +32,59 @@ CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.spark  # through the session's validated output
 
 
+RUN_ID = "manual__2026-01-02T03:04:05+00:00"
+
+
 @pytest.fixture(scope="module")
 def replays(tmp_path_factory: pytest.TempPathFactory, validated_run: Any) -> tuple[Path, dict[str, Any]]:
-    """Two replays under a checkpoint root: the session's validated output's, finished, and a copy of it
-    whose last batch did not finish its run (as after a kill)."""
+    """Two replays under a checkpoint root: "daily", a copy of the session's validated replay whose output
+    (copied too, with a report) is under the output root and whose DAG run the plugin recorded, finished;
+    and "partial", a copy whose last batch did not finish its run (as after a kill)."""
+    from replay.archive import inspect_schema
+    from replay.checkpoint import CheckpointStore, write_record
+    from replay_airflow.records import record_task
+
     config, _ = validated_run
     root = tmp_path_factory.mktemp("ui-ckpts")
+    outputs = tmp_path_factory.mktemp("ui-outputs")
+    out = outputs / "daily"
+    shutil.copytree(config.output, out)
+    (out / "_report").mkdir()
+    (out / "_report" / "index.html").write_text("<!doctype html><title>report</title><h1>The report</h1>")
+    (outputs / "secret.txt").write_text("not a report")
     shutil.copytree(config.checkpoint, root / "daily")
+    identity = CheckpointStore(root / "daily").identity()
+    assert identity is not None
+    write_record(root / "daily" / "checkpoint.json", {**identity, "output": str(out)})
     shutil.copytree(config.checkpoint, root / "partial")
     commits = sorted((root / "partial" / "commits").glob("*.json"))
     record = json.loads(commits[-1].read_text())
     record["batches"][-1]["finish"] = False
     commits[-1].write_text(json.dumps(record))
-    return root, {"config": config}
+
+    # What the operators record in a DAG run (here with a context of our own).
+    layout = inspect_schema(config)
+    columns = {
+        k.name: {"column": k.watermark or k.event_time, "unit": layout.time_columns[k.watermark or k.event_time]}
+        for k in layout.keys
+    }
+    context = {
+        "dag_run": SimpleNamespace(dag_id="replay_scheduled", run_id=RUN_ID, run_type="manual"),
+        "ti": SimpleNamespace(task_id="replay", try_number=1),
+    }
+    with mock.patch.dict(os.environ, {"AIRFLOW__REPLAY__OUTPUT_ROOT": str(outputs)}):
+        record_task(
+            context, str(out), "replayed", version=1, batches=2, archive={"path": config.archive, "keys": columns}
+        )
+        context["ti"] = SimpleNamespace(task_id="validate", try_number=1)
+        record_task(context, str(out), "validated", version=1, success=True)
+    return root, {"config": config, "outputs": outputs, "out": out, "columns": columns}
 
 
 @pytest.fixture(scope="module")
 def server(replays: tuple[Path, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root, _ = replays
-    home = AirflowHome(home=tmp_path_factory.mktemp("ui-home"), root=tmp_path_factory.mktemp("ui-outputs"))
+    root, facts = replays
+    home = AirflowHome(home=tmp_path_factory.mktemp("ui-home"), root=facts["outputs"])
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -58,7 +96,9 @@ def server(replays: tuple[Path, dict[str, Any]], tmp_path_factory: pytest.TempPa
                 *("--host", "127.0.0.1", "--port", str(port)),
             ],
             env=home.env(
-                AIRFLOW__REPLAY__CHECKPOINT_ROOT=str(root), PYTHONPATH=f"{REPO / 'plugins'}{os.pathsep}{REPO}"
+                AIRFLOW__REPLAY__CHECKPOINT_ROOT=str(root),
+                AIRFLOW__REPLAY__ARCHIVE_ROOT=str(Path(facts["config"].archive).parent),
+                PYTHONPATH=f"{REPO / 'plugins'}{os.pathsep}{REPO}",
             ),
             stdout=sink,
             stderr=subprocess.STDOUT,
@@ -88,13 +128,94 @@ def test_the_json_lists_every_replay_with_its_progress(server: str, replays: tup
     daily = rows["daily"]
     assert daily["state"] == "finished" and rows["partial"]["state"] == "interrupted"
     expected = checkpoint_status(facts["config"].checkpoint)
-    assert daily["output"] == facts["config"].output
+    assert daily["output"] == str(facts["out"])
     assert daily["published"] is None and daily["run_version"] == 1 and daily["validated"] is True
     assert daily["watermarks"] == [
         {"key": k["key"], "global": k["global"], "effective": k["effective"]} for k in expected["keys"]
     ]
     assert daily["stream_cut"] == {str(o): c for o, c in expected["stream_cut"].items()}
     assert daily["batch"] == expected["batch"] == 2
+
+
+def test_each_replay_links_its_report_data_docs_and_the_dag_runs_that_wrote_it(
+    server: str, replays: tuple[Path, dict[str, Any]]
+) -> None:
+    from replay.validate import DOCS_INDEX
+    from replay_airflow.ui import DATA_DOCS_INDEX
+
+    _, facts = replays
+    rows = {
+        r["name"]: r for r in json.loads(urllib.request.urlopen(server + "/api/replays", timeout=30).read())["replays"]
+    }
+    daily, partial = rows["daily"], rows["partial"]
+    assert DATA_DOCS_INDEX == DOCS_INDEX
+    assert daily["report"] == {
+        "path": str(facts["out"] / "_report" / "index.html"),
+        "url": "/files/daily/_report/index.html",
+    }
+    assert daily["data_docs"] == {"path": str(facts["out"] / DOCS_INDEX), "url": f"/files/daily/{DOCS_INDEX}"}
+    # The copy's output is the session's, outside the output root: no links, no recorded runs.
+    assert partial["report"] is None and partial["data_docs"] is None and partial["dag_runs"] == []
+    assert [(r["dag_id"], r["run_id"], r["run_type"]) for r in daily["dag_runs"]] == [
+        ("replay_scheduled", RUN_ID, "manual")
+    ]
+    assert daily["dag_runs"][0]["url"] == "/dags/replay_scheduled/runs/manual__2026-01-02T03%3A04%3A05%2B00%3A00"
+    assert [(t["task_id"], t["action"], t["version"]) for t in daily["dag_runs"][0]["tasks"]] == [
+        ("replay", "replayed", 1),
+        ("validate", "validated", 1),
+    ]
+
+    # The files the links name are served; nothing else under (or outside) the output root is.
+    assert b"The report" in urllib.request.urlopen(server + daily["report"]["url"], timeout=30).read()
+    docs = urllib.request.urlopen(server + daily["data_docs"]["url"], timeout=30)
+    assert docs.status == 200 and docs.headers["content-type"].startswith("text/html")
+    (facts["out"] / "_report" / "escape.txt").symlink_to(facts["outputs"] / "secret.txt")
+    for refused in (
+        "/files/secret.txt",
+        "/files/daily/_report/escape.txt",  # a symbolic link out of the report
+        "/files/daily/_report/../../secret.txt",
+        "/files/daily/_report/%2E%2E/%2E%2E/secret.txt",
+        "/files/daily/current",
+        "/files/daily/_validation/gx/great_expectations.yml",
+        "/files//etc/passwd",
+        "/files/daily/_report",
+    ):
+        status = _status(server + refused)
+        assert status == 404, (refused, status)
+
+
+def test_the_lag_of_g_k_behind_the_newest_archived_watermark(server: str, replays: tuple[Path, dict[str, Any]]) -> None:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from replay.archive import discover_files
+    from replay.timeutil import format_ts, parse_timestamp
+
+    _, facts = replays
+    rows = {
+        r["name"]: r for r in json.loads(urllib.request.urlopen(server + "/api/replays", timeout=30).read())["replays"]
+    }
+    lag = rows["daily"]["lag"]
+    files = discover_files(facts["config"].archive)
+    assert lag["archive"] == facts["config"].archive and lag["files"] == len(files)
+    assert "Parquet footer statistics" in lag["source"]
+    expected = checkpoint_status(facts["config"].checkpoint)
+    assert [k["key"] for k in lag["keys"]] == [k["key"] for k in expected["keys"]]
+    for row in lag["keys"]:
+        column = facts["columns"][row["key"]]["column"]
+        newest = max(pc.max(pq.read_table(f, columns=[column])[column]).as_py() for f in files)  # the data itself
+        micros = parse_timestamp(newest if newest.tzinfo else newest.replace(tzinfo=UTC))
+        assert row["newest"] == format_ts(micros) and row["column"] == column
+        assert row["global"] is not None and row["lag_seconds"] == (micros - parse_timestamp(row["global"])) / 1e6
+    # Without a recorded archive the lag is unknown, and the page says why.
+    assert rows["partial"]["lag"]["source"] is None and all(k["newest"] is None for k in rows["partial"]["lag"]["keys"])
+
+
+def _status(url: str) -> int:
+    try:
+        return int(urllib.request.urlopen(url, timeout=30).status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium package is not installed")
@@ -118,6 +239,11 @@ def test_the_page_renders_in_headless_chromium(server: str, tmp_path: Path) -> N
     assert "state-finished" in dom and "state-interrupted" in dom
     assert "not published" in dom and "run version 1: passed validation" in dom
     assert 'class="gk"' in dom and "1: " in dom  # G_k per key, the stream cut per origin
+    assert '<a class="report" href="/files/daily/_report/index.html">HTML report</a>' in dom
+    assert 'class="data-docs"' in dom and "no report yet" in dom  # the partial copy has none
+    assert f">replay_scheduled / {RUN_ID}</a>" in dom and "manual: replayed v1, validated v1" in dom
+    assert "newest archived" in dom and 'class="lag">lag ' in dom and "Parquet footer statistics" in dom
+    assert "no Airflow run of this plugin recorded the archive" in dom
 
     shot = tmp_path / "replays.png"
     subprocess.run(

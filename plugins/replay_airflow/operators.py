@@ -144,6 +144,14 @@ class ReplayPlanOperator(BaseOperator):
                     "files": len(layout.files),
                     "lateness": resolve_lateness(resolved.config, layout),
                     "keys": [k.name for k in layout.keys],
+                    # Where each key's watermark is in the files (the page's lag reads their statistics).
+                    "watermark_columns": {
+                        k.name: {
+                            "column": k.watermark or k.event_time,
+                            "unit": layout.time_columns.get(k.watermark or k.event_time),
+                        }
+                        for k in layout.keys
+                    },
                 }
                 result["inspection"] = summary
             self.log.info("archive: %s", result["inspection"])
@@ -174,6 +182,19 @@ class ReplayRunOperator(BaseOperator):
             summary = run(job.config, start=job.start, end=job.end, on_event=_Progress(self.log))
         result = summary.to_dict()
         result["version"] = summary.version
+        if summary.batches or summary.new_version:
+            from replay_airflow.records import record_task
+
+            columns = dict(self.plan or {}).get("inspection", {}).get("watermark_columns")
+            record_task(
+                context,
+                summary.output,
+                "replayed",
+                version=summary.version,
+                archive={"path": job.config.archive, "keys": columns} if columns else None,
+                checkpoint=summary.checkpoint,
+                batches=summary.batches,
+            )
         self.log.info(
             "version %s (%s): %d batches, %d tuples, %d windows emitted, %d open, late %s",
             summary.version,
@@ -297,6 +318,9 @@ class ReplayValidateOperator(_OutputOperator):
                 return {"output": output, "version": version, "success": True, "revalidated": False}
             outcome = validate(output, version, suites=self.suites, on_step=_Progress(self.log))
         self.log.info("Data Docs: %s", outcome.data_docs)
+        from replay_airflow.records import record_task
+
+        record_task(context, output, "validated", version=version, success=outcome.success)
         if not outcome.success:
             failed = "; ".join(
                 f"{suite}: {e['type']}" + (f" on {e['column']}" if e.get("column") else "") + f" ({e['description']})"
@@ -347,6 +371,10 @@ class ReplayPublishOperator(_OutputOperator):
             "removed_versions": list(outcome.removed_versions),
         }
         self.log.info("published %s", result)
+        if outcome.changed:
+            from replay_airflow.records import record_task
+
+            record_task(context, outcome.output, "published", version=outcome.publication, source=outcome.source)
         if not outcome.changed and self.skip_unchanged:
             raise AirflowSkipException(f"version {outcome.source} is already the current publication of {output}")
         extra = {"output": outcome.output, "version": outcome.publication, "source": outcome.source}

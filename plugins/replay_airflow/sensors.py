@@ -36,7 +36,12 @@ class WatermarkSensor(BaseSensorOperator):
         deferrable: bool = True,
         **kwargs: Any,
     ) -> None:
-        super().__init__(poke_interval=float(poll_interval), **kwargs)
+        # A templated interval ("{{ params.poll_interval }}") is known only once rendered (see ``execute``).
+        try:
+            poke_interval = float(poll_interval)
+        except (TypeError, ValueError):
+            poke_interval = 30.0
+        super().__init__(poke_interval=poke_interval, **kwargs)
         self.checkpoint = checkpoint
         self.target = target
         self.key = key
@@ -71,6 +76,7 @@ class WatermarkSensor(BaseSensorOperator):
         from replay_airflow.operators import task_errors
 
         with task_errors():
+            self.poke_interval = float(self.poll_interval)
             if not self.deferrable:
                 return super().execute(context)
             if self.poke(context):

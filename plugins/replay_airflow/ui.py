@@ -7,31 +7,50 @@ FastAPI security dependency (the auth manager's JWT as a Bearer token, or the UI
 Airflow does not authenticate plugin apps itself. Without a user the JSON answers 401 and the page
 redirects to the auth manager's login. Each row: the checkpoint, its output, its state (running, interrupted,
 finished), the last batch, the stream cut per origin, ``G_k`` per watermark key, the published
-version and the newest version's validation verdict. Checkpoints are read without their lock.
+version and the newest version's validation verdict, links to the output's HTML report and Data Docs,
+the Airflow DAG runs that wrote it (with links into Airflow's UI), and per key the lag of ``G_k``
+behind the newest watermark archived. Checkpoints are read without their lock.
+
+``GET /files/<path>`` serves the reports and Data Docs: files under the output root, inside an
+output's ``_report/`` or its Data Docs site (``_validation/gx/uncommitted/data_docs/``), to the same
+users as the page; any other path (data, checkpoints, ``..`` or a symbolic link out of the root) is 404.
+
+Where the lag comes from: ``replay`` does not keep the archive's path in a checkpoint, so the
+operators record it (``replay_airflow.records``, with the DAG runs). The newest archived watermark of a
+key is the maximum of its watermark column (the event-time column for event-time watermarks) in
+the Parquet footers' statistics of every file of that archive; the lag is that minus ``G_k``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import jinja2
 from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
 from airflow.api_fastapi.core_api.security import requires_access_view
 from fastapi import Depends, FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException
 
-__all__ = ["app", "list_replays", "requires_read"]
+__all__ = ["DATA_DOCS_INDEX", "REPORT_INDEX", "app", "list_replays", "requires_read", "servable_file"]
 
 #: Airflow's dependency for its own UI's pages: an authenticated user the auth manager lets read the
 #: website (401 without a user, 403 without the permission). Tests override it to look at the page alone.
 requires_read = requires_access_view(AccessView.WEBSITE)
+
+#: Under an output: the HTML report (``replay.write_report``'s default) and the Data Docs' index
+#: (``replay.validate.DOCS_INDEX``; not imported here: that module loads Great Expectations).
+REPORT_INDEX = "_report/index.html"
+DATA_DOCS_INDEX = "_validation/gx/uncommitted/data_docs/local_site/index.html"
+_DATA_DOCS_SITE = ("_validation", "gx", "uncommitted", "data_docs")
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
@@ -40,10 +59,167 @@ _TEMPLATES = jinja2.Environment(
 )
 
 
-def list_replays() -> dict[str, Any]:
-    """The roots and one row per checkpoint found under the checkpoint and output roots."""
+def _duration(seconds: float | None) -> str:
+    """``3.2 s``, ``12 min 5 s``, ``2 h 3 min``, ``4 d 2 h``."""
+    if seconds is None:
+        return "unknown"
+    sign, left = ("-" if seconds < 0 else ""), abs(seconds)
+    if left < 60:
+        return f"{sign}{left:.1f} s"
+    total = int(left)
+    days, rest = divmod(total, 86_400)
+    hours, rest = divmod(rest, 3_600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{sign}{days} d {hours} h"
+    if hours:
+        return f"{sign}{hours} h {minutes} min"
+    return f"{sign}{minutes} min {secs} s"
+
+
+_TEMPLATES.filters["duration"] = _duration
+
+_UNIT_MICROS = {"us": (1, 1), "ms": (1_000, 1), "epoch_ms": (1_000, 1), "ns": (1, 1_000)}
+_FOOTER_MAX: dict[tuple[str, int, int, str], int | None] = {}
+_FOOTER_LOCK = threading.Lock()
+
+
+def _file_max(path: str, column: str, unit: str) -> int | None:
+    """The maximum of ``column`` in ``path``'s row-group statistics, in microseconds (cached per file version)."""
+    stat = os.stat(path)
+    key = (path, stat.st_mtime_ns, stat.st_size, column)
+    with _FOOTER_LOCK:
+        if key in _FOOTER_MAX:
+            return _FOOTER_MAX[key]
+    import pyarrow.parquet as pq
+
+    metadata = pq.ParquetFile(path).metadata
+    names = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
+    best: int | None = None
+    if column in names:
+        index = names.index(column)
+        for group in range(metadata.num_row_groups):
+            stats = metadata.row_group(group).column(index).statistics
+            if stats is None or not stats.has_min_max or not isinstance(stats.max_raw, int):
+                continue
+            best = stats.max_raw if best is None else max(best, stats.max_raw)
+    if best is not None:
+        times, divide = _UNIT_MICROS.get(unit, (1, 1))
+        best = best * times // divide
+    with _FOOTER_LOCK:
+        if len(_FOOTER_MAX) > 100_000:
+            _FOOTER_MAX.clear()
+        _FOOTER_MAX[key] = best
+    return best
+
+
+def _lag(status: dict[str, Any], archive: dict[str, Any] | None, archive_root: str) -> dict[str, Any]:
+    """Per key: ``G_k``, the newest archived watermark and the lag between them, and where the newest came from."""
+    from replay.archive import discover_files
+    from replay.errors import ReplayError
+    from replay.timeutil import format_ts, parse_timestamp
+
+    keys = [{"key": k["key"], "global": k["global"], "newest": None, "lag_seconds": None} for k in status["keys"]]
+    path = str((archive or {}).get("path") or "")
+    columns = dict((archive or {}).get("keys") or {})
+    if not path or not columns:
+        return {"source": None, "archive": None, "files": None, "keys": keys}
+    if "://" in path or "://" in archive_root:
+        return {"source": "not read: the archive is not on a local path", "archive": path, "files": None, "keys": keys}
+    root = Path(archive_root).resolve()
+    resolved = Path(path).resolve()
+    if resolved != root and root not in resolved.parents:  # a record naming a path outside the root: not read
+        return {"source": "not read: outside the archive root", "archive": path, "files": None, "keys": keys}
+    try:
+        files = discover_files(str(resolved))
+        for row in keys:
+            spec = columns.get(row["key"]) or {}
+            if not spec.get("column"):
+                continue
+            maxima = [_file_max(f, str(spec["column"]), str(spec.get("unit") or "us")) for f in files]
+            known = [m for m in maxima if m is not None]
+            if not known:
+                continue
+            newest = max(known)
+            row["newest"] = format_ts(newest)
+            row["column"] = spec["column"]
+            if row["global"] is not None:
+                row["lag_seconds"] = max(0, newest - parse_timestamp(row["global"])) / 1e6
+    except (ReplayError, OSError, ValueError) as exc:
+        return {"source": f"not read: {exc}", "archive": path, "files": None, "keys": keys}
+    return {
+        "source": "the maximum of each key's watermark column in the Parquet footer statistics of the archive's files",
+        "archive": path,
+        "files": len(files),
+        "keys": keys,
+    }
+
+
+def _dag_run_url(dag_id: str, run_id: str) -> str:
+    """The DAG run's page in Airflow's UI (``airflow.utils.helpers.build_airflow_dagrun_url``, with quoting)."""
+    from airflow.configuration import conf
+
+    base = conf.get("api", "base_url", fallback="") or ""
+    return f"{base.rstrip('/')}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
+
+
+def _dag_runs(record: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The recorded task entries grouped per DAG run, the newest run first."""
+    runs: dict[tuple[str, str], dict[str, Any]] = {}
+    for entry in (record or {}).get("runs", []):
+        key = (str(entry.get("dag_id")), str(entry.get("run_id")))
+        run = runs.pop(key, None) or {
+            "dag_id": key[0],
+            "run_id": key[1],
+            "run_type": entry.get("run_type"),
+            "url": _dag_run_url(*key),
+            "tasks": [],
+        }
+        run["tasks"].append(
+            {k: entry.get(k) for k in ("task_id", "action", "version", "at", "batches", "success", "source")}
+        )
+        run["at"] = entry.get("at")
+        runs[key] = run  # re-inserted: ordered by each run's newest entry
+    return list(reversed(runs.values()))
+
+
+def _file_link(output: str, relative: str, output_root: str, base: str) -> dict[str, str] | None:
+    """The ``/files/`` link to ``output/relative`` when that file exists under the output root."""
+    path = os.path.join(output, relative)
+    if "://" in output_root or not os.path.isfile(path):
+        return None
+    root = os.path.realpath(output_root)
+    real = os.path.realpath(path)
+    if not real.startswith(root.rstrip(os.sep) + os.sep):
+        return None
+    return {"path": path, "url": f"{base}/files/{quote(os.path.relpath(real, root))}"}
+
+
+def servable_file(relative: str) -> Path | None:
+    """The file ``GET /files/<relative>`` may serve: under the output root, in a report or a Data Docs site."""
+    from replay_airflow.roots import configured_roots
+
+    output_root = configured_roots().output
+    if "://" in output_root or "\x00" in relative:
+        return None
+    root = Path(output_root).resolve()
+    target = (root / relative).resolve()
+    if root not in target.parents or not target.is_file():
+        return None
+    parts = target.relative_to(root).parts[:-1]
+    in_report = "_report" in parts
+    in_docs = any(parts[i : i + len(_DATA_DOCS_SITE)] == _DATA_DOCS_SITE for i in range(len(parts)))
+    return target if in_report or in_docs else None
+
+
+def list_replays(mount: str = "") -> dict[str, Any]:
+    """The roots and one row per checkpoint found under the checkpoint and output roots.
+
+    ``mount``: the path the app is mounted at (links to ``/files/`` start with it).
+    """
     from replay.errors import ReplayError
     from replay_airflow.hooks import CheckpointHook, find_checkpoints
+    from replay_airflow.records import read_record
     from replay_airflow.roots import configured_roots
 
     roots = configured_roots()
@@ -81,6 +257,13 @@ def list_replays() -> dict[str, Any]:
             run_version=status["run_version"],
             validated=status["validated"],
         )
+        record = read_record(roots.output, status["output"])
+        row.update(
+            report=_file_link(status["output"], REPORT_INDEX, roots.output, mount),
+            data_docs=_file_link(status["output"], DATA_DOCS_INDEX, roots.output, mount),
+            dag_runs=_dag_runs(record),
+            lag=_lag(status, (record or {}).get("archive"), roots.archive),
+        )
         rows.append(row)
     return {
         "roots": {"archive": roots.archive, "output": roots.output, "checkpoint": roots.checkpoint},
@@ -116,13 +299,27 @@ async def _login_redirect(request: Request, exc: HTTPException) -> Response:
     return await http_exception_handler(request, exc)
 
 
+def _base(request: Request) -> str:
+    """Where the app is mounted (``/replay`` in the API server, nothing under uvicorn alone)."""
+    return str(request.scope.get("root_path") or "").rstrip("/")
+
+
 @app.get("/api/replays", dependencies=[Depends(requires_read)])
-async def replays_json() -> dict[str, Any]:
-    return await asyncio.to_thread(list_replays)
+async def replays_json(request: Request) -> dict[str, Any]:
+    return await asyncio.to_thread(list_replays, _base(request))
+
+
+@app.get("/files/{relative:path}", dependencies=[Depends(requires_read)])
+async def report_file(relative: str) -> FileResponse:
+    """A report or Data Docs file under the output root; anything else is 404."""
+    path = await asyncio.to_thread(servable_file, relative)
+    if path is None:
+        raise HTTPException(404, "no report or Data Docs file there")
+    return FileResponse(path)
 
 
 @app.get("/", response_class=HTMLResponse, dependencies=[Depends(requires_read)])
-async def replays_page() -> HTMLResponse:
-    data = await asyncio.to_thread(list_replays)
+async def replays_page(request: Request) -> HTMLResponse:
+    data = await asyncio.to_thread(list_replays, _base(request))
     html = _TEMPLATES.get_template("replays.html.j2").render(**data)
     return HTMLResponse(html)

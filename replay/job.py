@@ -241,7 +241,12 @@ class _Runner:
             self.store.root / "state": "b",
         }
 
-    def _referenced(self, commit: Mapping[str, Any] | None) -> set[str]:
+    def _referenced(self, commit: Mapping[str, Any] | None, *, outputs: bool = True) -> set[str]:
+        """Every path a retained commit (or, with ``outputs``, an output version) still needs.
+
+        Without ``outputs`` (the clean-up after each batch, which touches only ``state/``) the
+        output versions' manifests are not read: they name output data files only.
+        """
         refs: set[str] = set()
         if commit is None:
             return refs
@@ -262,7 +267,7 @@ class _Runner:
             refs |= {str(self.store.root / f) for f in record.get("snapshot", {}).values()}
         # data files an output version already lists are never leftovers, even when the commit
         # that staged them was set aside as corrupt and its batch is redone
-        for version in list_versions(self.output):
+        for version in list_versions(self.output) if outputs else ():
             try:
                 manifest = read_manifest(self.output, version)
             except (OSError, ValueError, ReplayError):
@@ -507,7 +512,7 @@ class _Runner:
         state.discarded.extend(discarded)
         state.commit = record
         store.prune(config.retain)
-        store.remove_unreferenced(self._referenced(record), {store.root / "state": "b"})
+        store.remove_unreferenced(self._referenced(record, outputs=False), {store.root / "state": "b"})
         return record
 
     def _finish_version(

@@ -104,7 +104,7 @@ case "$cmd" in
         ;;
     cluster)
         # A Spark standalone cluster without Docker: the master and one worker from the pyspark
-        # distribution, what docker/compose.yaml's spark service runs. Jobs reach
+        # distribution, what docker/compose.yaml's spark-master and spark-worker services run. Jobs reach
         # it with 'replay run --spark-master spark://127.0.0.1:7077' (or spark.master in the job file).
         # Spark's own variables set ports and sizes: SPARK_MASTER_HOST, SPARK_MASTER_PORT,
         # SPARK_MASTER_WEBUI_PORT, SPARK_WORKER_WEBUI_PORT, SPARK_WORKER_CORES, SPARK_WORKER_MEMORY,

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from replay import _state
@@ -18,11 +18,18 @@ from replay.progress import arrival_order
 __all__ = ["deduplicate", "discard", "other_copies"]
 
 
+Hasher = Callable[[Sequence[tuple[str, int, int, int, int]]], Mapping[tuple[str, int], str]]
+
+
 def deduplicate(
-    scan: BufferScan, state: State, store: CheckpointStore, config: JobConfig, mode: str
+    scan: BufferScan, state: State, store: CheckpointStore, config: JobConfig, mode: str, hasher: Hasher
 ) -> tuple[list[Buffer], list[_state.Discarded]]:
     """The scanned buffers this run feeds, in arrival order (sequence order in origin mode), and the
     copies it discards.
+
+    A buffer already replayed that arrives again is compared by content with the replayed copy;
+    ``hasher`` computes the content hashes the scan did not (``(file, origin, sequence, chunk,
+    row_start)`` to hash, by ``(file, row_start)``), re-reading the replayed copy's rows.
 
     Raises:
         ConflictingDuplicateError: a buffer already replayed arrives again with other content,
@@ -40,6 +47,12 @@ def deduplicate(
         state.load_history(store)
     new: list[Buffer] = []
     discarded: list[_state.Discarded] = []
+    again = [
+        (buf, state.known[buf.identity])
+        for buf in scan.buffers
+        if (buf.file, buf.row_start) not in state.known_copies and buf.identity in state.known
+    ]
+    hashes = dict(hasher([(c.file, *c.identity, c.row_start) for pair in again for c in pair])) if again else {}
     for buf in scan.buffers:
         if (buf.file, buf.row_start) in state.known_copies:
             continue
@@ -47,7 +60,19 @@ def deduplicate(
         if known is None:
             new.append(buf)
             continue
-        kind = "duplicate" if known.content_hash == buf.content_hash else "conflict"
+        mine = hashes.get((buf.file, buf.row_start), buf.content_hash)
+        kept = hashes.get((known.file, known.row_start), known.content_hash)
+        if not kept:
+            # The replayed copy's file no longer holds it: compare what the checkpoint recorded.
+            same = (known.rows, known.tuples, known.last_chunk, known.watermarks) == (
+                buf.rows,
+                buf.tuples,
+                buf.last_chunk,
+                buf.watermarks,
+            )
+        else:
+            same = mine == kept
+        kind = "duplicate" if same else "conflict"
         if kind == "conflict" and config.on_conflict == "fail":
             raise ConflictingDuplicateError(
                 f"buffer archived again with different content: in {known.file} (row {known.row_start}, "

@@ -162,6 +162,12 @@ def account(
             where=Location(file=reads[0][0].file, extra={"batch": batch}),
             todo="a file changed while the run read it: let the archiver finish writing and run again",
         )
+    if counts is not None and result.late_rows != sum(counts.late):
+        raise LedgerError(
+            f"the batch wrote {result.late_rows} rows to the late table but counted {sum(counts.late)} late tuples",
+            where=Location(file=reads[0][0].file, extra={"batch": batch}),
+            todo="nothing was committed for this batch; report this with the archive and the checkpoint",
+        )
     for buf, _ in reads:
         ledger.processed_xor ^= buffer_copy_id(buf)
     if counts is not None:

@@ -222,11 +222,8 @@ def integrity_from_json(progress: Mapping[str, Any], discarded: Sequence[_state.
     return integrity_table(snapshot, discarded, root)
 
 
-def table_schemas(
-    config: JobConfig, schema: Any, layout: ArchiveLayout, previous: Mapping[str, Any] | None
-) -> dict[str, str]:
-    """The Arrow schemas (encoded) of the ``windows`` and ``late`` tables, added to ``previous``'s."""
-    from pyspark.sql.pandas.types import to_arrow_schema
+def table_structs(config: JobConfig, schema: Any, layout: ArchiveLayout) -> tuple[Any, Any]:
+    """The Spark schemas of the ``windows`` and ``late`` tables for an archive of ``schema``."""
     from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
     from replay.windows import aggregated_types, output_columns
@@ -253,6 +250,16 @@ def table_schemas(
             StructField("reason", StringType(), False),
         ]
     )
+    return windows, late
+
+
+def table_schemas(
+    config: JobConfig, schema: Any, layout: ArchiveLayout, previous: Mapping[str, Any] | None
+) -> dict[str, str]:
+    """The Arrow schemas (encoded) of the ``windows`` and ``late`` tables, added to ``previous``'s."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    windows, late = table_structs(config, schema, layout)
     result = dict(previous["schemas"]) if previous else {}
     result["windows"] = encode_schema(to_arrow_schema(windows, timezone="UTC"))
     result["late"] = encode_schema(to_arrow_schema(late, timezone="UTC"))

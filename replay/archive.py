@@ -11,7 +11,7 @@ import dataclasses
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
@@ -30,6 +30,7 @@ __all__ = [
     "inspect_schema",
     "local_path",
     "resolve_lateness",
+    "spark_schema",
 ]
 
 _PARQUET_SUFFIXES = (".parquet", ".parq")
@@ -72,6 +73,7 @@ class ArchiveLayout:
     keys: tuple[ResolvedKey, ...]
     time_columns: dict[str, str]
     payload: tuple[str, ...]
+    schema: pa.Schema = dataclasses.field(default_factory=lambda: pa.schema([]))  # the files' columns, merged
 
     @property
     def has_ingest(self) -> bool:
@@ -344,7 +346,22 @@ def inspect_schema(
     )
     metadata = set(layout.metadata_columns)
     payload = tuple(n for n in schema.names if n not in metadata)
-    return dataclasses.replace(layout, payload=payload)
+    return dataclasses.replace(layout, payload=payload, schema=schema)
+
+
+def spark_schema(layout: ArchiveLayout) -> Any:
+    """The archive's Spark schema from its footers (no Spark job): what Spark infers when it
+    merges the files' schemas, nanosecond timestamps as int64 (they are read as such)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    fields = []
+    for column in layout.schema:
+        if pa.types.is_timestamp(column.type) and column.type.unit == "ns":
+            fields.append(StructField(column.name, LongType(), True))
+        else:
+            fields.append(from_arrow_schema(pa.schema([column])).fields[0])
+    return StructType(fields)
 
 
 def resolve_lateness(config: JobConfig, layout: ArchiveLayout) -> str:

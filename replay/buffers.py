@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from replay._scan import FileCache, scan_columns, scan_records
 from replay.archive import ArchiveLayout, local_path
 from replay.errors import BadBufferError, ConflictingDuplicateError, EmptyArchiveError, Location
 
@@ -30,6 +32,7 @@ __all__ = [
     "BufferScan",
     "Conflict",
     "DuplicateCopy",
+    "content_hashes",
     "read_rows",
     "scan_buffers",
     "time_micros",
@@ -106,6 +109,7 @@ class BufferScan:
     rows_read: int
     tuples_read: int
     spark_paths: dict[str, str] = field(default_factory=dict)  # Buffer.file -> the path Spark reports
+    files_scanned: int = 0  # files read by the metadata scan (the others came from the file cache)
 
 
 def _sql_name(column: str) -> str:
@@ -149,15 +153,21 @@ def time_value(df: DataFrame, column: str, kind: str) -> Column:
     return F.timestamp_micros(time_micros(df, column, kind))
 
 
-def read_rows(spark: SparkSession, layout: ArchiveLayout) -> DataFrame:
-    """The archive's rows with ``_file`` and ``_row`` (position within the file) attached."""
+def read_rows(spark: SparkSession, layout: ArchiveLayout, files: Sequence[str] | None = None) -> DataFrame:
+    """The rows of ``files`` (default: the archive's) with ``_file`` and ``_row`` (position within
+    the file) attached."""
     from pyspark.sql import functions as F
 
     if "ns" in layout.time_columns.values():
         spark.conf.set("spark.sql.legacy.parquet.nanosAsLong", "true")
     # Files may differ in optional columns: merge the footers' schemas (types were checked to agree),
     # so that a column one file lacks reads as null instead of vanishing from the others.
-    df = spark.read.option("mergeSchema", "true").parquet(*layout.files)
+    if len(layout.schema):
+        from replay.archive import spark_schema
+
+        df = spark.read.schema(spark_schema(layout)).parquet(*(files or layout.files))
+    else:
+        df = spark.read.option("mergeSchema", "true").parquet(*(files or layout.files))
     return df.select("*", F.col("_metadata.file_path").alias("_file"), F.col("_metadata.row_index").alias("_row"))
 
 
@@ -232,6 +242,7 @@ def _runs_frame(df: DataFrame, layout: ArchiveLayout, scattered: list[dict[str, 
 
 
 def _copy_records(df: DataFrame, layout: ArchiveLayout) -> list[dict[str, Any]]:
+    """Per copy, the full record with the content hash's sums (one Spark aggregation over the rows)."""
     records = _collect(_copies_frame(df, layout, []))
     scattered = [r for r in records if r["row_max"] - r["row_min"] + 1 != r["rows"]]
     if scattered:
@@ -241,12 +252,12 @@ def _copy_records(df: DataFrame, layout: ArchiveLayout) -> list[dict[str, Any]]:
     return records
 
 
-def _display_path(spark_path: str, layout: ArchiveLayout) -> str:
+def _display_path(spark_path: str, layout: ArchiveLayout, files: Sequence[str] = ()) -> str:
     """Spark's ``file:`` URI of a local file as the plain path the user gave."""
     local = local_path(spark_path)
     if local is None:
         return spark_path
-    for given in layout.files:
+    for given in (*files, *layout.files):
         if given == local or local_path(given) == local:
             return given
     return local
@@ -316,10 +327,9 @@ def _check_copy(rec: dict[str, Any], layout: ArchiveLayout, chunk_base: int) -> 
             )
 
 
-def _to_buffer(rec: dict[str, Any], layout: ArchiveLayout) -> Buffer:
-    watermarks: list[int | None] = []
-    for index, key in enumerate(layout.keys):
-        watermarks.append(rec[f"wm{index}_min"] if key.watermark is not None else rec[f"ev{index}_max"])
+def _content_hash(rec: dict[str, Any], layout: ArchiveLayout) -> str:
+    """A copy's content hash from its full record (``_copy_records``): equal for identical copies."""
+    watermarks = _watermarks(rec, layout)
     content = hashlib.blake2b(digest_size=16)
     parts = [
         rec["rows"],
@@ -331,6 +341,18 @@ def _to_buffer(rec: dict[str, Any], layout: ArchiveLayout) -> Buffer:
         *watermarks,
     ]
     content.update(repr(parts).encode())
+    return content.hexdigest()
+
+
+def _watermarks(rec: dict[str, Any], layout: ArchiveLayout) -> list[int | None]:
+    watermarks: list[int | None] = []
+    for index, key in enumerate(layout.keys):
+        watermarks.append(rec[f"wm{index}_min"] if key.watermark is not None else rec[f"ev{index}_max"])
+    return watermarks
+
+
+def _to_buffer(rec: dict[str, Any], layout: ArchiveLayout, content_hash: str = "") -> Buffer:
+    watermarks = _watermarks(rec, layout)
     return Buffer(
         origin=rec["origin"],
         sequence=rec["sequence"],
@@ -345,7 +367,7 @@ def _to_buffer(rec: dict[str, Any], layout: ArchiveLayout) -> Buffer:
         rows=rec["rows"],
         file=rec["_file"],
         row_start=rec["row_min"],
-        content_hash=content.hexdigest(),
+        content_hash=content_hash,
     )
 
 
@@ -378,15 +400,55 @@ def _first_key(buf: Buffer) -> tuple[int, str, int]:
     return (buf.ingest if buf.ingest is not None else 0, buf.file, buf.row_start)
 
 
+def content_hashes(
+    spark: SparkSession, layout: ArchiveLayout, copies: Sequence[tuple[str, int, int, int, int]]
+) -> tuple[dict[tuple[str, int], str], dict[str, str]]:
+    """The content hash of each copy ``(file, origin, sequence, chunk, row_start)``, by ``(file,
+    row_start)``, from one Spark aggregation over those copies' rows (the payload is read only
+    here, and only for buffers that have more than one copy); and the path Spark reports for
+    each file read. A copy whose file no longer holds it gets no hash."""
+    from pyspark.sql import functions as F
+
+    if not copies:
+        return {}, {}
+    files = sorted({c[0] for c in copies})
+    df = read_rows(spark, layout, files)
+    targets = spark.createDataFrame(
+        [(c[1], c[2], c[3]) for c in copies], "t_origin long, t_sequence long, t_chunk long"
+    ).distinct()
+    df = df.join(
+        F.broadcast(targets),
+        (F.col(f"`{layout.origin_id}`").cast("long") == targets["t_origin"])
+        & (F.col(f"`{layout.sequence_number}`").cast("long") == targets["t_sequence"])
+        & (F.col(f"`{layout.chunk_number}`").cast("long") == targets["t_chunk"]),
+        "left_semi",
+    )
+    wanted = {(c[0], c[4]) for c in copies}
+    hashes: dict[tuple[str, int], str] = {}
+    spark_paths: dict[str, str] = {}
+    for rec in _copy_records(df, layout):
+        shown = _display_path(rec["_file"], layout, files)
+        spark_paths[shown] = rec["_file"]
+        if (shown, rec["row_min"]) in wanted:
+            hashes[(shown, rec["row_min"])] = _content_hash(rec, layout)
+    return hashes, spark_paths
+
+
 def scan_buffers(
     spark: SparkSession,
     layout: ArchiveLayout,
     config: JobConfig,
     *,
     strict: bool = True,
+    event_times: bool = True,
+    cache: FileCache | None = None,
 ) -> BufferScan:
     """Extract, check and deduplicate the archive's buffers.
 
+    The metadata scan (``replay._scan``) reads the metadata columns only; event time columns
+    with ``event_times`` (else only where a key's watermark is its buffers' max event time, and
+    the buffers' event time bounds are ``None``). The payload is read only for identities with
+    more than one copy, to tell duplicates from conflicts. ``cache`` keeps per-file records.
     With ``strict`` (a run), a conflicting duplicate under ``on_conflict: fail`` raises;
     without it (``replay inspect``) it is reported and the first copy is kept.
 
@@ -395,28 +457,33 @@ def scan_buffers(
             two last chunks in a sequence, or a chunk beyond the last one.
         ConflictingDuplicateError: copies of one identity differ, under ``on_conflict: fail``.
     """
-    df = read_rows(spark, layout)
-    records = _copy_records(df, layout)
+    columns = scan_columns(layout, event_times=event_times)
+    records, scanned = scan_records(spark, layout.files, columns, cache)
     if not records:
         raise EmptyArchiveError(
             f"the archive's {len(layout.files)} Parquet file(s) hold no rows",
             where=Location(file=layout.root),
             todo="point 'archive' at the directory the archiver writes to, or wait until it has written data",
         )
-    display: dict[str, str] = {}
     for rec in records:
-        path = rec["_file"]
-        if path not in display:
-            display[path] = _display_path(path, layout)
-        rec["_file"] = display[path]
         _check_copy(rec, layout, config.chunk_base)
-    copies: dict[tuple[int, int, int], list[Buffer]] = defaultdict(list)
+    by_identity: dict[tuple[int, int, int], list[dict[str, Any]]] = defaultdict(list)
     rows_read = tuples_read = 0
     for rec in records:
-        buf = _to_buffer(rec, layout)
-        copies[buf.identity].append(buf)
-        rows_read += buf.rows
-        tuples_read += buf.tuples
+        by_identity[(rec["origin"], rec["sequence"], rec["chunk"])].append(rec)
+        rows_read += rec["rows"]
+        tuples_read += rec["tuples"]
+    repeated = [
+        (rec["_file"], rec["origin"], rec["sequence"], rec["chunk"], rec["row_min"])
+        for recs in by_identity.values()
+        if len(recs) > 1
+        for rec in recs
+    ]
+    hashes, spark_paths = content_hashes(spark, layout, repeated)
+    copies: dict[tuple[int, int, int], list[Buffer]] = {
+        identity: [_to_buffer(rec, layout, hashes.get((rec["_file"], rec["row_min"]), "")) for rec in recs]
+        for identity, recs in by_identity.items()
+    }
 
     kept: list[Buffer] = []
     duplicates: list[DuplicateCopy] = []
@@ -472,5 +539,6 @@ def scan_buffers(
         conflicts=tuple(conflicts),
         rows_read=rows_read,
         tuples_read=tuples_read,
-        spark_paths={shown: spark_path for spark_path, shown in display.items()},
+        spark_paths=spark_paths,
+        files_scanned=scanned,
     )

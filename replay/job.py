@@ -37,10 +37,18 @@ from replay._dedup import deduplicate, other_copies
 from replay._ledger import account, check_ledger, ledger_row
 from replay._plan import file_stamp, plan_batches, relevant
 from replay._resume import State, rebuild
+from replay._scan import FileCache
 from replay._tables import progress_table, snapshot_json, table_schemas, write_run_version
 from replay.aggregate import BatchWork, WorkResult, buffer_copy_id, copy_id, run_batch
-from replay.archive import ArchiveLayout, discover_files, inspect_schema, local_path, resolve_lateness
-from replay.buffers import Buffer, scan_buffers
+from replay.archive import (
+    ArchiveLayout,
+    discover_files,
+    inspect_schema,
+    local_path,
+    resolve_lateness,
+    spark_schema,
+)
+from replay.buffers import Buffer, content_hashes, scan_buffers
 from replay.checkpoint import CheckpointStore, LockInfo, write_record
 from replay.config import JobConfig
 from replay.errors import (
@@ -307,13 +315,25 @@ class _Runner:
         mode = resolve_lateness(config, layout)
         state = rebuild(store, config, layout, mode, commit)
         self.event("scan", 0, 1)
-        scan = scan_buffers(self.spark, layout, config, strict=True)
+        scan = scan_buffers(
+            self.spark,
+            layout,
+            config,
+            strict=True,
+            event_times=self.range != (None, None),
+            cache=FileCache(store.root / "scan-cache"),
+        )
         self.event("scan", 1, 1)
-        schema = self.spark.read.option("mergeSchema", "true").parquet(*layout.files).schema
+        schema = spark_schema(layout)
         spark_paths = dict(commit["spark_paths"]) if commit else {}
         spark_paths.update(scan.spark_paths)
 
-        new, discarded = deduplicate(scan, state, store, config, mode)
+        def hasher(copies: Sequence[tuple[str, int, int, int, int]]) -> Mapping[tuple[str, int], str]:
+            hashes, paths = content_hashes(self.spark, layout, copies)
+            spark_paths.update(paths)
+            return hashes
+
+        new, discarded = deduplicate(scan, state, store, config, mode, hasher)
 
         plan = plan_batches(new, config, intent["count"] if intent else None)
         run_number = (commit["run"] + (0 if unfinished else 1)) if commit else 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -70,6 +71,9 @@ def get_session(settings: SparkSettings | None = None, *, app_name: str = "repla
         return active
     check_java()
     master = settings.master if settings is not None else "local[*]"
+    # The batch pass writes its tables from Python workers (pyarrow): they run this interpreter
+    # unless the deployment names another one.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if master.startswith("local"):
         # An embedded driver talks to itself only: bind to loopback instead of guessing an interface.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

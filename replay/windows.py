@@ -38,6 +38,7 @@ __all__ = [
     "FLOAT_SUM_TYPE",
     "WindowColumns",
     "aggregated_types",
+    "final_columns",
     "finalize",
     "merge",
     "output_columns",
@@ -185,19 +186,25 @@ def output_columns(specs: Sequence[WindowSpec], types: dict[str, DataType]) -> l
     return list(out.items())
 
 
-def finalize(
-    merged: DataFrame, spec: WindowSpec, cols: WindowColumns, columns: Sequence[tuple[str, DataType]]
-) -> DataFrame:
-    """Rows of the ``windows`` table from merged partials: ``window, wm_key, key, window_start,
-    window_end`` (timestamps) and ``columns`` (null where ``spec`` has no such aggregation)."""
+def final_columns(spec: WindowSpec, cols: WindowColumns, columns: Sequence[tuple[str, DataType]]) -> list[Column]:
+    """The ``windows`` table's columns computed from a merged partial row of ``spec``: ``window,
+    wm_key, key, window_start, window_end`` (timestamps) and ``columns`` (null where ``spec`` has
+    no such aggregation)."""
     from pyspark.sql import functions as F
 
     mine = {agg.output_name: _final(agg, i, cols) for i, agg in enumerate(spec.aggregations)}
-    return merged.select(
+    return [
         F.lit(spec.name).alias("window"),
         F.lit(spec.wm_key).alias("wm_key"),
         F.col("key"),
         F.timestamp_micros("window_start").alias("window_start"),
         F.timestamp_micros(F.col("window_start") + F.lit(spec.size)).alias("window_end"),
         *[(mine[name] if name in mine else F.lit(None)).cast(data_type).alias(name) for name, data_type in columns],
-    )
+    ]
+
+
+def finalize(
+    merged: DataFrame, spec: WindowSpec, cols: WindowColumns, columns: Sequence[tuple[str, DataType]]
+) -> DataFrame:
+    """Rows of the ``windows`` table from merged partials (``final_columns``)."""
+    return merged.select(*final_columns(spec, cols, columns))

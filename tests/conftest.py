@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,8 @@ def spark() -> Iterator[object]:
     """The one local SparkSession of a test run (2 cores, small shuffles, UTC)."""
     from pyspark.sql import SparkSession
 
+    # Python workers (the scan and the batch pass's writer) run this interpreter, as replay.spark sets it.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     session = (
         SparkSession.builder.master("local[2]")
         .appName("replay-tests")

@@ -124,3 +124,81 @@ def test_implicit_default_key_uses_watermark_ts_only_when_present(tmp_path: Path
     assert inspect_schema(parse_config({"archive": str(tmp_path)})).keys[0].watermark is None
     pq.write_table(pa.table(base | {"watermark_ts": pa.array([1], ts)}), tmp_path / "a.parquet")
     assert inspect_schema(parse_config({"archive": str(tmp_path)})).keys[0].watermark == "watermark_ts"
+
+
+def _rows(origin: int, sequences: list[int], values: list[int]) -> pa.Table:
+    """One single-chunk buffer per sequence, two tuples each, payload from ``values``."""
+    n = len(sequences)
+    return pa.table(
+        {
+            "o": pa.array([origin] * 2 * n, pa.int64()),
+            "s": pa.array([s for s in sequences for _ in range(2)], pa.int64()),
+            "c": pa.array([1] * 2 * n, pa.int64()),
+            "l": [True] * 2 * n,
+            "wm": pa.array([s * SECOND for s in sequences for _ in range(2)], pa.int64()).cast(
+                pa.timestamp("us", tz="UTC")
+            ),
+            "t": pa.array([s * SECOND + i for s in sequences for i in range(2)], pa.int64()).cast(
+                pa.timestamp("us", tz="UTC")
+            ),
+            "k": [f"k{v}" for v in values],
+            "v": values,
+        }
+    )
+
+
+def test_the_file_cache_skips_known_files_and_rescans_a_file_rewritten_in_place(tmp_path: Path, spark: Any) -> None:
+    from replay._scan import FileCache
+
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    pq.write_table(_rows(1, [1, 2], [1, 2, 3, 4]), archive / "a.parquet")
+    pq.write_table(_rows(2, [1], [5, 6]), archive / "b.parquet")
+    config = parse_config({"archive": str(archive)} | MAPPING)
+    cache = FileCache(tmp_path / "cache")
+
+    def scan() -> Any:
+        return scan_buffers(spark, inspect_schema(config), config, cache=cache)
+
+    first = scan()
+    assert first.files_scanned == 2 and len(first.buffers) == 3
+    again = scan()
+    assert again.files_scanned == 0 and again.buffers == first.buffers
+
+    pq.write_table(_rows(3, [1], [7, 8]), archive / "c.parquet")  # a new file: only it is read
+    added = scan()
+    assert added.files_scanned == 1
+    assert {b.origin for b in added.buffers} == {1, 2, 3}
+
+    # The same name with new content (another sequence): the cached records no longer apply.
+    pq.write_table(_rows(2, [1, 2, 3], [5, 6, 9, 9, 9, 9]), archive / "b.parquet")
+    rewritten = scan()
+    assert rewritten.files_scanned == 1
+    assert sorted(b.sequence for b in rewritten.buffers if b.origin == 2) == [1, 2, 3]
+
+
+def test_content_is_compared_only_for_identities_with_several_copies(tmp_path: Path, spark: Any) -> None:
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    pq.write_table(_rows(1, [1, 2], [1, 2, 3, 4]), archive / "a.parquet")
+    pq.write_table(_rows(1, [2], [3, 4]), archive / "b.parquet")  # an identical copy of sequence 2
+    pq.write_table(_rows(1, [3], [5, 6]), archive / "c.parquet")
+    pq.write_table(_rows(1, [3], [5, 7]), archive / "d.parquet")  # sequence 3 again, other content
+    config = parse_config({"archive": str(archive), "on_conflict": "keep_first"} | MAPPING)
+    scan = scan_buffers(spark, inspect_schema(config), config)
+    hashes = {b.sequence: b.content_hash for b in scan.buffers}
+    assert hashes[1] == ""  # one copy: its payload is never read
+    assert hashes[2] and hashes[3]
+    assert [(d.sequence, d.file) for d in scan.duplicates] == [(2, str(archive / "b.parquet"))]
+    assert [(c.sequence, c.other_file) for c in scan.conflicts] == [(3, str(archive / "d.parquet"))]
+
+
+def test_the_scan_reads_event_times_only_where_needed(tmp_path: Path, spark: Any) -> None:
+    pq.write_table(_rows(1, [1], [1, 2]), tmp_path / "a.parquet")
+    config = parse_config({"archive": str(tmp_path)} | MAPPING)
+    layout = inspect_schema(config)
+    (full,) = scan_buffers(spark, layout, config).buffers
+    (lean,) = scan_buffers(spark, layout, config, event_times=False).buffers
+    assert (full.min_event, full.max_event) == ((SECOND,), (SECOND + 1,))
+    assert (lean.min_event, lean.max_event) == ((None,), (None,))
+    assert (lean.watermarks, lean.tuples, lean.rows) == (full.watermarks, full.tuples, full.rows)

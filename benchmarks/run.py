@@ -299,6 +299,7 @@ def main() -> None:
     parser.add_argument(
         "--histories", nargs="*", type=int, default=[10, 1000], help="resume: committed batches before the resume"
     )
+    parser.add_argument("--repeats", type=int, default=3, help="run: timed rounds after the warm-up round")
     options = parser.parse_args()
     sizes = [(int(a), int(b)) for a, b in (s.split(":") for s in options.sizes)]
     if options.what == "resume":
@@ -307,7 +308,7 @@ def main() -> None:
 
         table = bench_resume(options.histories, DATA, measure)
     elif options.what == "run":
-        table = bench_run(sizes)
+        table = bench_run(sizes, repeats=options.repeats)
     elif options.what == "floor":
         table = bench_floor(sizes)
     elif options.what == "inspect":

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replay.checkpoint import FORMAT_VERSION, fsync_dir, write_json_atomic
-from replay.errors import ConfigError, Location
+from replay.errors import ConfigError, DataError, Location
 
 __all__ = [
     "TABLES",
@@ -112,10 +112,35 @@ def resolve_version(output: str | Path, version: int | None) -> int:
 
 
 def read_manifest(output: str | Path, version: int) -> dict[str, Any]:
+    """A version's manifest (the one function that reads one).
+
+    Raises:
+        OSError: no such version file.
+        DataError: ``output.corrupt``: the file is not a whole JSON manifest, or was written
+            in a format this Replay does not read (a newer ``format_version``).
+    """
     path = _versions_dir(Path(output)) / f"{version:06d}.json"
     with open(path, encoding="utf-8") as handle:
-        manifest: dict[str, Any] = json.load(handle)
-    return manifest
+        text = handle.read()
+    try:
+        manifest = json.loads(text)
+    except ValueError as exc:
+        raise DataError(
+            f"the manifest of output version {version} is not valid JSON ({exc})",
+            where=Location(file=str(path)),
+            todo="restore the file from a backup, or delete the version's manifest and run again to write a new one",
+            code="output.corrupt",
+        ) from None
+    found = manifest.get("format_version") if isinstance(manifest, dict) else None
+    if not isinstance(found, int) or found > FORMAT_VERSION:
+        raise DataError(
+            f"the manifest of output version {version} has format_version {found!r}; this Replay reads "
+            f"{FORMAT_VERSION} and below",
+            where=Location(file=str(path)),
+            todo="read this output with the Replay version that wrote it, or upgrade Replay",
+            code="output.corrupt",
+        )
+    return manifest  # type: ignore[no-any-return]
 
 
 def write_manifest(output: str | Path, manifest: Mapping[str, Any]) -> int:

@@ -10,7 +10,7 @@ from replay.archive import local_path
 from replay.buffers import Buffer
 from replay.config import JobConfig
 
-__all__ = ["file_stamp", "plan_batches", "relevant"]
+__all__ = ["cut_batches", "file_stamp", "plan_batches", "relevant"]
 
 
 def file_stamp(path: str) -> list[int]:
@@ -56,4 +56,16 @@ def plan_batches(buffers: Sequence[Buffer], config: JobConfig, first: int | None
         tuples += buf.tuples
     if current or not batches:
         batches.append(current)
+    return batches
+
+
+def cut_batches(buffers: Sequence[Buffer], cuts: Sequence[int]) -> list[list[Buffer]] | None:
+    """``buffers`` cut into batches of the sizes a run's intent recorded, or ``None`` when they do
+    not add up (the archive changed under an interrupted run)."""
+    if sum(cuts) != len(buffers) or not cuts:
+        return None
+    batches, at = [], 0
+    for size in cuts:
+        batches.append(list(buffers[at : at + size]))
+        at += size
     return batches

@@ -3,18 +3,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 from replay import _state
 from replay._ledger import Ledger
 from replay.archive import ArchiveLayout
 from replay.buffers import Buffer
-from replay.checkpoint import CheckpointStore, read_record
+from replay.checkpoint import CheckpointStore
 from replay.config import JobConfig
 from replay.errors import CheckpointStateError, Location
 from replay.inspection import engine_for
 from replay.progress import ProgressEngine
+from replay.records import Commit
 
 __all__ = ["State", "empty_state", "new_engine", "rebuild"]
 
@@ -29,9 +29,10 @@ class State:
     """Everything a run continues from: the engine, pending buffers, discarded copies, the last commit.
 
     ``known`` and ``known_copies`` (every buffer ever fed, and every copy consumed or discarded)
-    are the history: loaded from the checkpoint only when the scan meets an identity the engine
-    has seen before (a re-delivered buffer, or a file that changed and was read again), so that
-    resuming costs the same after ten batches as after thousands.
+    are the history: read from the batch log's buffer records only when the scan meets an
+    identity the engine has seen before (a re-delivered buffer, or a file that changed and was
+    read again), so that resuming costs the same after ten batches as after thousands.
+    ``spark_paths``: the path Spark reports for a file, where it differs from the plain path.
     """
 
     engine: ProgressEngine
@@ -40,17 +41,19 @@ class State:
     pending: dict[tuple[int, int, int], Buffer]
     discarded: list[_state.Discarded]
     ledger: Ledger
-    commit: dict[str, Any] | None
+    commit: Commit | None
+    spark_paths: dict[str, str] = field(default_factory=dict)
     history_loaded: bool = True
     nkeys: int = 1
 
     def load_history(self, store: CheckpointStore) -> None:
-        """Read every committed batch's buffer records into ``known`` and ``known_copies``."""
+        """Read every committed batch's buffer records (listed by the batch log) into ``known``
+        and ``known_copies``."""
         if self.history_loaded:
             return
         assert self.commit is not None
-        for entry in self.commit["batches"]:
-            for buf in _state.read_buffers(store.root / entry["buffers"], self.nkeys):
+        for entry in store.read_log(self.commit.log):
+            for buf in _state.read_buffers(store.root / entry.buffers, self.nkeys):
                 self.known[buf.identity] = buf
                 self.known_copies.add((buf.file, buf.row_start))
         self.known_copies |= {(c.file, c.row_start) for c in self.discarded}
@@ -71,52 +74,38 @@ def empty_state(engine: ProgressEngine, nkeys: int) -> State:
 
 
 def rebuild(
-    store: CheckpointStore, config: JobConfig, layout: ArchiveLayout, mode: str, commit: dict[str, Any] | None
+    store: CheckpointStore, config: JobConfig, layout: ArchiveLayout, mode: str, commit: Commit | None
 ) -> State:
+    """The state ``commit`` left: its engine snapshot, the buffers held, the discarded copies and the
+    consumed files (a bounded number of files, whatever the number of batches before it)."""
     engine = new_engine(config, layout, mode)
     nkeys = len(layout.keys)
     if commit is None:
         return empty_state(engine, nkeys)
-    if commit["lateness"] != mode:
+    if commit.lateness != mode:
         raise CheckpointStateError(
-            f"the checkpoint replays in {commit['lateness']} mode but the archive now gives {mode}",
+            f"the checkpoint replays in {commit.lateness} mode but the archive now gives {mode}",
             where=Location(file=str(store.root)),
             todo="restore the archive's ingest_ts column, or start a new checkpoint",
         )
     state = empty_state(engine, nkeys)
     state.commit = commit
-    state.ledger = Ledger.from_json(commit["ledger"])
-    for entry in commit["batches"]:
-        if entry.get("discarded"):
-            state.discarded += _state.read_discarded(store.root / entry["discarded"])
-    snapshot = commit.get("snapshot")
-    if snapshot is not None:
-        # The engine as the commit left it: one small record and the buffers in flight.
-        values = read_record(store.root / snapshot["engine"])
-        held = _state.read_buffers(store.root / snapshot["held"], nkeys)
-        engine.restore(values["engine"], held)
-        undecided = {tuple(i) for i in values["undecided"]}
-        state.pending = {b.identity: b for b in held if b.identity in undecided}
-        state.history_loaded = False
-    else:
-        # A checkpoint written before engine snapshots: re-feed every batch's buffers in order.
-        for entry in commit["batches"]:
-            engine.join(entry["join"])
-            buffers = _state.read_buffers(store.root / entry["buffers"], nkeys)
-            for buf in buffers:
-                state.known[buf.identity] = buf
-                state.known_copies.add((buf.file, buf.row_start))
-                state.pending[buf.identity] = buf
-            decisions = engine.feed(buffers)
-            if entry["finish"]:
-                decisions += engine.finish()
-            for d in decisions:
-                state.pending.pop((d.origin, d.sequence, d.chunk), None)
-        state.known_copies |= {(c.file, c.row_start) for c in state.discarded}
-    if len(state.pending) != commit["pending_buffers"]:
+    state.ledger = Ledger.from_json(commit.ledger)
+    if commit.discarded:
+        # Every copy discarded so far counts as consumed: a copy found again is not a new one.
+        state.discarded = _state.read_discarded(store.root / commit.discarded)
+        state.known_copies = {(c.file, c.row_start) for c in state.discarded}
+    snapshot = store.snapshot(commit)
+    held = _state.read_buffers(store.root / commit.held, nkeys)
+    engine.restore(snapshot.engine, held)
+    undecided = set(snapshot.undecided)
+    state.pending = {b.identity: b for b in held if b.identity in undecided}
+    state.spark_paths = dict(snapshot.spark_paths)
+    state.history_loaded = False
+    if len(state.pending) != commit.pending_buffers:
         raise CheckpointStateError(
             f"rebuilding the checkpoint gives {len(state.pending)} pending buffers, its last commit says "
-            f"{commit['pending_buffers']}",
+            f"{commit.pending_buffers}",
             where=Location(file=str(store.root)),
             todo="the checkpoint is damaged or was written by another replay version; start a new checkpoint",
         )

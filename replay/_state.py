@@ -1,16 +1,16 @@
 """Buffer metadata persisted in a checkpoint: written by one function, read by one function.
 
-Each batch writes the metadata of the buffers it fed to the progress engine (in feed
-order) and of the copies it discarded (duplicates and conflicting copies), as Parquet
-through pyarrow on the driver: metadata only, never tuples. Rebuilding the progress
-engine from these records (``replay.job``) is how a run resumes, continues
-incrementally, or starts a backfill at an event time: the engine is deterministic, so
-re-feeding the same buffers in the same order gives the same state.
+Each batch writes the metadata of the buffers it fed to the progress engine (in feed order)
+and of the buffers the engine still holds, as Parquet through pyarrow on the driver: metadata
+only, never tuples. A batch that discards copies (duplicates and conflicting copies) writes the
+list of every copy discarded so far, and a batch that ends a run the list of every archive file
+consumed. A run resumes from the engine snapshot and these lists (``replay._resume``); the
+buffers fed by earlier batches are read back only when one of them arrives again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +19,15 @@ import pyarrow.parquet as pq
 
 from replay.buffers import Buffer
 
-__all__ = ["Discarded", "read_buffers", "read_discarded", "write_buffers", "write_discarded"]
+__all__ = [
+    "Discarded",
+    "read_buffers",
+    "read_consumed",
+    "read_discarded",
+    "write_buffers",
+    "write_consumed",
+    "write_discarded",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,3 +111,24 @@ def read_discarded(path: Path) -> list[Discarded]:
     """The copies ``write_discarded`` wrote to ``path``."""
     with open(path, "rb") as handle:
         return [Discarded(**row) for row in pq.read_table(handle).to_pylist()]
+
+
+def write_consumed(path: Path, consumed: Mapping[str, Sequence[int]]) -> None:
+    """Write the archive files finished runs consumed, with the ``[size, mtime_ns]`` they had."""
+    names = sorted(consumed)
+    table = pa.table(
+        {
+            "file": pa.array(names, type=pa.string()),
+            "size": pa.array([consumed[n][0] for n in names], type=pa.int64()),
+            "mtime_ns": pa.array([consumed[n][1] for n in names], type=pa.int64()),
+        }
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+
+
+def read_consumed(path: Path) -> dict[str, list[int]]:
+    """The files ``write_consumed`` wrote to ``path``, each with its ``[size, mtime_ns]``."""
+    with open(path, "rb") as handle:
+        table = pq.read_table(handle).to_pydict()
+    return {f: [s, m] for f, s, m in zip(table["file"], table["size"], table["mtime_ns"], strict=True)}

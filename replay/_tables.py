@@ -16,6 +16,7 @@ from replay.checkpoint import CheckpointStore
 from replay.config import JobConfig
 from replay.outputs import encode_schema, list_versions, read_manifest, write_manifest, write_parquet
 from replay.progress import ProgressSnapshot
+from replay.records import Commit
 from replay.timeutil import NEG_INF, format_ts
 
 __all__ = [
@@ -254,69 +255,64 @@ def table_structs(config: JobConfig, schema: Any, layout: ArchiveLayout) -> tupl
 
 
 def table_schemas(
-    config: JobConfig, schema: Any, layout: ArchiveLayout, previous: Mapping[str, Any] | None
+    config: JobConfig, schema: Any, layout: ArchiveLayout, previous: Mapping[str, str] | None
 ) -> dict[str, str]:
-    """The Arrow schemas (encoded) of the ``windows`` and ``late`` tables, added to ``previous``'s."""
+    """The Arrow schemas (encoded) of the ``windows`` and ``late`` tables, added to ``previous``."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     windows, late = table_structs(config, schema, layout)
-    result = dict(previous["schemas"]) if previous else {}
+    result = dict(previous) if previous else {}
     result["windows"] = encode_schema(to_arrow_schema(windows, timezone="UTC"))
     result["late"] = encode_schema(to_arrow_schema(late, timezone="UTC"))
     return result
 
 
 def write_run_version(
-    output: Path, store: CheckpointStore, cid: str, config: JobConfig, commit: Mapping[str, Any]
+    output: Path, store: CheckpointStore, cid: str, config: JobConfig, commit: Commit, progress: Mapping[str, Any]
 ) -> tuple[int | None, int | None]:
     """The output version of the run ``commit`` ended: (the one already written, the version).
 
-    Writes it (the ``integrity`` table and the manifest) when the commit ends its run and no version
-    names this checkpoint and batch yet; ``(None, None)`` for a commit in the middle of a run.
+    Writes it (the ``integrity`` table and the manifest, which lists every batch's output files
+    from the batch log) when the commit ends its run and no version names this checkpoint and
+    batch yet; ``(None, None)`` for a commit in the middle of a run. ``progress``: the progress
+    report of the commit's engine snapshot.
     """
     existing = None
     for v in reversed(list_versions(output)):
         manifest = read_manifest(output, v)
         if manifest.get("kind", "run") != "run":
             continue  # a publication names its source's checkpoint and batch too
-        if manifest.get("checkpoint_id") == cid and manifest.get("batch") == commit["batch"]:
+        if manifest.get("checkpoint_id") == cid and manifest.get("batch") == commit.batch:
             existing = v
             break
-    if existing is not None or not commit["batches"][-1]["finish"]:
+    if existing is not None or not commit.finish:
         return existing, existing
-    discarded: list[_state.Discarded] = []
-    for entry in commit["batches"]:
-        if entry.get("discarded"):
-            discarded += _state.read_discarded(store.root / entry["discarded"])
-    integrity = integrity_from_json(commit["progress"], discarded, config.archive)
-    integrity_rel = f"data/integrity/{cid}-b{commit['batch']:08d}-{commit['token']}.parquet"
+    entries = store.read_log(commit.log)
+    discarded = _state.read_discarded(store.root / commit.discarded) if commit.discarded else []
+    consumed = _state.read_consumed(store.root / commit.consumed) if commit.consumed else {}
+    integrity = integrity_from_json(progress, discarded, config.archive)
+    integrity_rel = f"data/integrity/{cid}-b{commit.batch:08d}-{commit.token}.parquet"
     write_parquet(integrity, output / integrity_rel)
+    tables = {t: [p for e in entries if (p := e.outputs.get(t))] for t in ("windows", "late", "progress")}
     version = write_manifest(
         output,
         {
             "checkpoint": str(store.root),
             "checkpoint_id": cid,
-            "batch": commit["batch"],
-            "run": commit["run"],
-            "range": commit["range"],
-            "lateness": commit["lateness"],
-            "tables": {
-                "windows": commit["outputs"]["windows"],
-                "late": commit["outputs"]["late"],
-                "progress": commit["outputs"]["progress"],
-                "integrity": [integrity_rel],
-            },
-            "schemas": commit["schemas"] | {"integrity": encode_schema(INTEGRITY_SCHEMA)},
-            "watermarks": commit["progress"]["keys"],
-            "counts": commit["ledger"],
+            "batch": commit.batch,
+            "run": commit.run,
+            "range": list(commit.range),
+            "lateness": commit.lateness,
+            "tables": {**tables, "integrity": [integrity_rel]},
+            "schemas": dict(commit.schemas) | {"integrity": encode_schema(INTEGRITY_SCHEMA)},
+            "watermarks": progress["keys"],
+            "counts": dict(commit.ledger),
             # What validation needs without the checkpoint (whose commits are pruned):
             "kind": "run",
             "config": config.model_dump(mode="json"),
-            "files": sorted(commit["files"]),
-            "origins": commit["progress"]["origins"],
-            "ledger_batches": [
-                {"batch": entry["batch"], **entry["ledger"]} for entry in commit["batches"] if "ledger" in entry
-            ],
+            "files": sorted(consumed),
+            "origins": progress["origins"],
+            "ledger_batches": [{"batch": e.batch, **e.ledger} for e in entries],
         },
     )
     return None, version

@@ -1,23 +1,27 @@
-"""Checkpoint storage (docs/outputs.md#checkpoints): single-writer lock, intents, atomic commits, retention.
+"""Checkpoint storage (docs/outputs.md#checkpoints): single-writer lock, run intents, atomic
+commits, the batch log, retention.
 
 A checkpoint is a local directory::
 
     checkpoint.json            identity: format_version, id, fingerprint and its fields, output
     .lock, holder.json         the single-writer lock (an OS file lock) and who holds it
-    intents/<batch>.json       written before a batch is processed: its cut
-    commits/<batch>.json       written atomically once the batch's outputs are staged
-    state/...                  Parquet written by batches: buffer metadata, open windows
+    runs/<run>.json            written before a run's first batch: its files and its cut
+    commits/<batch>.json       written atomically once the batch's files are staged; fixed in size
+    batches.jsonl              the batch log: one line per committed batch, chained by sha256
+    state/b<batch>-<token>-*   written by a batch: buffer metadata, engine snapshot, open windows
+    scan-cache/                the archive scan's per-file cache
 
-The commit is the only source of truth: a file under ``state/`` (or an output
-directory of this checkpoint) that no commit references is a leftover of a batch
-that crashed before its commit, and ``remove_unreferenced`` deletes it.
+The newest intact commit is the source of truth. A state file or output entry of a batch after
+it is a leftover of a batch that crashed before its commit (or whose commit was set aside), and
+``remove_leftovers`` deletes it; a line of the batch log beyond the commit's pointer is dropped
+at the next append.
 
-Every JSON document is written by ``write_json_atomic`` (temporary file, fsync,
-rename, fsync of the directory) and carries ``format_version``. The checkpoint's own
-records (identity, intents, commits) also carry the sha256 of their payload, checked on
-read: a truncated or edited file is ``checkpoint.corrupt``, never a raw parse error and
-never silently trusted. ``resume_point`` picks the newest commit that reads intact and
-whose files all exist, setting the broken newer ones aside with a note.
+Every JSON document is written by ``write_json_atomic`` (temporary file, fsync, rename, fsync of
+the directory) and carries ``format_version``. The checkpoint's own records (identity, run
+intents, commits, engine snapshots) also carry the sha256 of their payload, checked on read: a
+truncated or edited file is ``checkpoint.corrupt``, never a raw parse error and never silently
+trusted. ``resume_point`` picks the newest commit that reads intact and whose files all exist,
+setting the broken newer ones aside with a note. The typed records are in ``replay.records``.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from filelock import FileLock, Timeout
 
@@ -46,6 +50,9 @@ from replay.errors import (
     Location,
     ReplayError,
 )
+from replay.records import Commit, EngineSnapshot, LogEntry, LogPointer, RunIntent
+
+T = TypeVar("T")
 
 __all__ = [
     "FORMAT_VERSION",
@@ -60,9 +67,9 @@ __all__ = [
 
 #: The format of the output location's JSON documents (manifests, validation records, pointer).
 FORMAT_VERSION = 1
-#: The format of the checkpoint's records: version 2 adds the payload's sha256 (version 1,
-#: without it, is still read).
-RECORD_FORMAT_VERSION = 2
+#: The format of the checkpoint's records: version 2 added the payload's sha256, version 3 the
+#: fixed-size commit and the batch log. ``read_record`` reads all three; the typed readers only 3.
+RECORD_FORMAT_VERSION = 3
 
 
 def write_json_atomic(path: Path, document: Mapping[str, Any], *, compact: bool = False) -> None:
@@ -137,14 +144,14 @@ def read_record(path: Path) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise _corrupt(path, "does not hold a JSON object")
     version = document.get("format_version")
-    if version == RECORD_FORMAT_VERSION:
+    if version in (2, RECORD_FORMAT_VERSION):
         if document.get("sha256") != _payload_digest(document):
             raise _corrupt(path, "does not match its sha256: it was changed after it was written")
         return {k: v for k, v in document.items() if k != "sha256"}
     if version == 1:  # written before records carried checksums
         return document
     raise CheckpointStateError(
-        f"unsupported checkpoint format version {version!r} (this replay reads 1 and {RECORD_FORMAT_VERSION})",
+        f"unsupported checkpoint format version {version!r} (this replay reads 1 to {RECORD_FORMAT_VERSION})",
         where=Location(file=str(path)),
         todo="use the replay version that wrote this checkpoint, or start a new checkpoint directory",
     )
@@ -168,7 +175,7 @@ class ResumePoint:
     """Where a run continues: the newest intact commit (``None``: start from nothing) and what was
     set aside to get there (one line per skipped commit, naming the file and the fault)."""
 
-    commit: dict[str, Any] | None
+    commit: Commit | None
     skipped: tuple[str, ...] = ()
 
 
@@ -294,7 +301,7 @@ class CheckpointStore:
             command=str(document["command"]),
         )
 
-    # -- intents and commits ------------------------------------------------------------------
+    # -- run intents ---------------------------------------------------------------------------
 
     def _numbered(self, folder: str) -> list[int]:
         directory = self.root / folder
@@ -302,40 +309,58 @@ class CheckpointStore:
             return []
         return sorted(int(p.stem) for p in directory.glob("*.json") if p.stem.isdigit())
 
-    def write_intent(self, batch: int, intent: Mapping[str, Any]) -> None:
-        write_record(self.root / "intents" / f"{batch:08d}.json", intent)
+    def write_run_intent(self, intent: RunIntent) -> None:
+        """Record a run's files and cut before its first batch."""
+        write_record(self.root / "runs" / f"{intent.run:08d}.json", intent.to_json())
 
-    def pending_intent(self) -> dict[str, Any] | None:
-        """The intent of a batch that was started but not committed, if any.
+    def run_intent(self, run: int) -> RunIntent | None:
+        """The intent of run ``run``, if it was written.
 
         Raises:
-            CheckpointCorruptError: that intent does not read intact.
+            CheckpointCorruptError: it does not read intact.
         """
-        commits = self._numbered("commits")
-        last = commits[-1] if commits else 0
-        later = [n for n in self._numbered("intents") if n > last]
-        return read_record(self.root / "intents" / f"{later[-1]:08d}.json") if later else None
+        path = self.root / "runs" / f"{run:08d}.json"
+        return _typed(path, RunIntent.from_json) if path.exists() else None
 
-    def commit(self, batch: int, record: Mapping[str, Any]) -> None:
+    def drop_run_intents(self, *, after: int) -> None:
+        """Forget the intents of runs after ``after`` (runs whose commits were set aside)."""
+        for run in self._numbered("runs"):
+            if run > after:
+                (self.root / "runs" / f"{run:08d}.json").unlink()
+
+    # -- commits --------------------------------------------------------------------------------
+
+    def commit(self, commit: Commit) -> None:
         """Commit a batch atomically; from here on its staged files are part of the state."""
-        write_record(self.root / "commits" / f"{batch:08d}.json", record)
+        write_record(self.root / "commits" / f"{commit.batch:08d}.json", commit.to_json())
 
-    def latest(self) -> dict[str, Any] | None:
+    def commit_record(self, batch: int) -> Commit:
+        """The commit of ``batch``.
+
+        Raises:
+            CheckpointCorruptError: it is missing or does not read intact.
+            CheckpointStateError: it was written by a Replay whose commits this one does not read.
+        """
+        return _typed(self.root / "commits" / f"{batch:08d}.json", Commit.from_json)
+
+    def latest(self) -> Commit | None:
         """The newest commit, or ``None`` for a new checkpoint.
 
         Raises:
             CheckpointCorruptError: it does not read intact (``resume_point`` falls back instead).
         """
         commits = self._numbered("commits")
-        return read_record(self.root / "commits" / f"{commits[-1]:08d}.json") if commits else None
+        return self.commit_record(commits[-1]) if commits else None
 
-    def resume_point(self, missing: Callable[[Mapping[str, Any]], list[str]], *, repair: bool) -> ResumePoint:
-        """The newest commit that reads intact and whose files all exist (``missing(commit)`` lists
-        the ones that do not).
+    def commits(self) -> list[int]:
+        return self._numbered("commits")
+
+    def resume_point(self, output: str | Path, *, repair: bool) -> ResumePoint:
+        """The newest commit that reads intact and whose files all exist (``missing_files``).
 
         Newer commits that fail are reported in ``skipped``; with ``repair`` (the writer, under the
         lock) they are renamed ``<batch>.json.corrupt`` so that the run redoes those batches from
-        their intents, as after a crash. ``replay status`` reads without ``repair``.
+        their run's intent, as after a crash. ``replay status`` reads without ``repair``.
 
         Raises:
             CheckpointCorruptError: commits exist but none is intact.
@@ -346,12 +371,12 @@ class CheckpointStore:
         for batch in reversed(commits):
             path = self.root / "commits" / f"{batch:08d}.json"
             try:
-                record = read_record(path)
+                record = self.commit_record(batch)
             except CheckpointCorruptError as error:
                 skipped.append(f"commit {batch}: {error.message}")
                 bad.append(path)
                 continue
-            absent = missing(record)
+            absent = self.missing_files(record, output)
             if absent:
                 shown = ", ".join(absent[:3]) + (f" and {len(absent) - 3} more" if len(absent) > 3 else "")
                 skipped.append(f"commit {batch}: {len(absent)} file(s) it names are missing ({shown})")
@@ -372,58 +397,160 @@ class CheckpointStore:
             )
         return ResumePoint(commit=None)
 
-    def commits(self) -> list[int]:
-        return self._numbered("commits")
-
-    def commit_files(self, commit: Mapping[str, Any], output: str | Path) -> list[str]:
-        """Every file or directory ``commit`` names: output data (under ``output``), buffer state
-        and open-window state (under the checkpoint)."""
+    def missing_files(self, commit: Commit, output: str | Path) -> list[str]:
+        """The files ``commit`` names that do not exist, and the batch log if it is shorter than
+        the commit says."""
         out = Path(output)
-        files = [str(out / p) for table in ("windows", "late", "progress") for p in commit["outputs"][table]]
-        for entry in commit["batches"]:
-            files.append(str(self.root / entry["buffers"]))
-            if entry.get("discarded"):
-                files.append(str(self.root / entry["discarded"]))
-        files += [str(self.root / d) for d in commit["open_state"].values() if d]
-        files += [str(self.root / f) for f in commit.get("snapshot", {}).values()]
-        return files
+        files = [str(self.root / f) for f in commit.state_files()] + [str(out / f) for f in commit.output_files()]
+        missing = [f for f in files if not os.path.exists(f)]
+        log = self.root / LOG_NAME
+        if commit.log.size and (not log.exists() or log.stat().st_size < commit.log.size):
+            missing.append(str(log))
+        return missing
 
-    def missing_files(self, commit: Mapping[str, Any], output: str | Path) -> list[str]:
-        """The files ``commit`` names that do not exist."""
-        return [f for f in self.commit_files(commit, output) if not os.path.exists(f)]
+    # -- the engine snapshot --------------------------------------------------------------------
 
-    def commit_record(self, batch: int) -> dict[str, Any]:
-        return read_record(self.root / "commits" / f"{batch:08d}.json")
+    def write_snapshot(self, relative: str, snapshot: EngineSnapshot) -> None:
+        write_record(self.root / relative, snapshot.to_json())
 
-    # -- clean-up -----------------------------------------------------------------------------
+    def snapshot(self, commit: Commit) -> EngineSnapshot:
+        """The engine snapshot ``commit`` points at.
 
-    def remove_unreferenced(self, referenced: set[str], prefixes: Mapping[Path, str]) -> list[str]:
-        """Delete staged entries that no retained commit references.
-
-        ``prefixes`` maps a directory to the name prefix of entries this checkpoint owns in it
-        (its ``state/`` and its output table directories). Returns the removed paths.
+        Raises:
+            CheckpointCorruptError: it is missing or does not read intact.
         """
+        return _typed(self.root / commit.engine, EngineSnapshot.from_json)
+
+    # -- the batch log --------------------------------------------------------------------------
+
+    def append_log(self, entry: LogEntry, after: LogPointer) -> LogPointer:
+        """Append ``entry`` after the log's first ``after.size`` bytes (anything beyond them is a
+        line of a batch that never committed, and goes) and make it durable; the pointer to write
+        into the batch's commit."""
+        line = (json.dumps(entry.to_json(), sort_keys=True, separators=(",", ":")) + "\n").encode()
+        path = self.root / LOG_NAME
+        created = not path.exists()
+        with open(path, "ab") as handle:
+            if handle.tell() != after.size:
+                handle.truncate(after.size)
+                handle.seek(after.size)
+            handle.write(line)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if created:
+            fsync_dir(self.root)
+        return LogPointer(lines=after.lines + 1, size=after.size + len(line), chain=_chain(after.chain, line))
+
+    def read_log(self, upto: LogPointer) -> list[LogEntry]:
+        """The batch log's entries up to ``upto``, each checked against the pointer's sha256 chain.
+
+        Raises:
+            CheckpointCorruptError: the log is shorter than the pointer, or a line was changed.
+        """
+        path = self.root / LOG_NAME
+        if upto.lines == 0:
+            return []
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(upto.size)
+        except FileNotFoundError:
+            raise _corrupt(path, "is missing") from None
+        lines = data.splitlines(keepends=True)
+        chain = ""
+        for line in lines:
+            chain = _chain(chain, line)
+        if len(data) != upto.size or len(lines) != upto.lines or chain != upto.chain:
+            raise _corrupt(path, f"does not match the sha256 chain of its first {upto.lines} line(s)")
+        try:
+            return [LogEntry.from_json(json.loads(line)) for line in lines]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise _corrupt(path, f"holds a line this Replay does not read: {exc}") from exc
+
+    # -- clean-up -------------------------------------------------------------------------------
+
+    def remove_leftovers(self, after: int, outputs: Mapping[Path, str], keep: set[str]) -> list[str]:
+        """Delete what batches after ``after`` (the commit a run continues from) staged: their state
+        files, their output entries (``outputs`` maps a table directory to the prefix of this
+        checkpoint's entries in it) unless ``keep`` names them (an output version lists them), and
+        the intents of runs that committed nothing. Returns the removed paths."""
         removed = []
-        for directory, prefix in prefixes.items():
+        targets = [(self.root / "state", "b"), *outputs.items()]
+        for directory, prefix in targets:
             if not directory.exists():
                 continue
             for entry in sorted(directory.iterdir()):
-                if entry.name.startswith(prefix) and str(entry) not in referenced:
-                    if entry.is_dir():
-                        shutil.rmtree(entry)
-                    else:
-                        entry.unlink()
+                batch = _batch_of(entry.name, prefix)
+                if batch is not None and batch > after and str(entry) not in keep:
+                    _remove(entry)
                     removed.append(str(entry))
-        for batch in self._numbered("intents"):
-            if batch not in set(self._numbered("commits")):
-                (self.root / "intents" / f"{batch:08d}.json").unlink()
         return removed
 
-    def prune(self, retain: int) -> list[int]:
-        """Keep the newest ``retain`` commits (and their intents); return the batches dropped."""
+    def prune(self, retain: int, known: Mapping[int, Commit]) -> list[int]:
+        """Keep the newest ``retain`` commits; delete older ones with the state files only they
+        needed (open windows, engine snapshots, consumed-file and discarded-copy lists). ``known``:
+        commits already read. Buffer records stay: they are the history (see ``read_log``)."""
         commits = self._numbered("commits")
         dropped = commits[:-retain] if retain > 0 else []
+        if not dropped:
+            return []
+        needed: set[str] = set()
+        for batch in commits[-retain:]:
+            try:
+                needed |= set((known.get(batch) or self.commit_record(batch)).state_files())
+            except (CheckpointCorruptError, CheckpointStateError):
+                continue
         for batch in dropped:
-            (self.root / "commits" / f"{batch:08d}.json").unlink(missing_ok=True)
-            (self.root / "intents" / f"{batch:08d}.json").unlink(missing_ok=True)
+            path = self.root / "commits" / f"{batch:08d}.json"
+            try:
+                old = known.get(batch) or self.commit_record(batch)
+            except (CheckpointCorruptError, CheckpointStateError):
+                old = None
+            path.unlink(missing_ok=True)
+            for name in old.state_files() if old else ():
+                if name not in needed and (self.root / name).exists():
+                    _remove(self.root / name)
+        first_run = min((known[b].run for b in commits[-retain:] if b in known), default=None)
+        if first_run is not None:
+            for run in self._numbered("runs"):
+                if run < first_run:
+                    (self.root / "runs" / f"{run:08d}.json").unlink()
         return dropped
+
+
+LOG_NAME = "batches.jsonl"
+
+
+def _chain(previous: str, line: bytes) -> str:
+    return hashlib.sha256(previous.encode() + line).hexdigest()
+
+
+def _batch_of(name: str, prefix: str) -> int | None:
+    """The batch number in a staged entry's name (``<prefix><8 digits>-...``), if it is one."""
+    if not name.startswith(prefix):
+        return None
+    digits = name[len(prefix) : len(prefix) + 8]
+    return int(digits) if len(digits) == 8 and digits.isdigit() and name[len(prefix) + 8 :][:1] == "-" else None
+
+
+def _remove(entry: Path) -> None:
+    if entry.is_dir():
+        shutil.rmtree(entry)
+    else:
+        entry.unlink()
+
+
+def _typed(path: Path, parse: Callable[[Mapping[str, Any]], T]) -> T:
+    """Read a record with ``read_record`` and parse it; a record of an earlier layout is refused."""
+    document = read_record(path)
+    if document.get("format_version") != RECORD_FORMAT_VERSION:
+        raise CheckpointStateError(
+            f"checkpoint file {path.name} was written by an earlier Replay (format version "
+            f"{document.get('format_version')}); this one reads format {RECORD_FORMAT_VERSION}",
+            where=Location(file=str(path)),
+            todo="finish with the Replay version that wrote this checkpoint, or start a new --checkpoint "
+            "(and --output): the archive is untouched, so a new replay rebuilds everything",
+        )
+    try:
+        return parse(document)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _corrupt(path, f"does not hold the fields of its kind ({type(exc).__name__}: {exc})") from exc

@@ -3,20 +3,21 @@
 A run:
 
 1. takes the checkpoint's single-writer lock and checks the job's fingerprint;
-2. restores the progress engine from the last commit's snapshot (``replay._resume``;
-   checkpoints from before snapshots re-feed every committed batch's buffers);
-3. finds the files not consumed yet (or, after a crash, the interrupted run's
-   files), scans their buffers (metadata only) and deduplicates them against the
+2. restores the progress engine from the last commit's snapshot (``replay._resume``): a
+   bounded number of files, whatever the number of batches before it;
+3. finds the files not consumed yet (or, after a crash, the interrupted run's files, from
+   its intent), scans their buffers (metadata only) and deduplicates them against the
    checkpoint;
 4. cuts the new buffers, in arrival order (sequence order in origin mode), into
-   micro-batches of at most ``max_buffers`` buffers and ``max_tuples`` tuples;
-5. per batch: writes the intent (its cut), feeds the engine, runs the batch's
-   tuple work in Spark (``replay.aggregate``), checks the ledger, and commits
-   atomically: buffer metadata, open windows, output files, counts;
+   micro-batches of at most ``max_buffers`` buffers and ``max_tuples`` tuples, and records
+   the run's files and cut in its intent (once, before its first batch);
+5. per batch: feeds the engine, runs the batch's tuple work in Spark
+   (``replay.aggregate``), checks the ledger, stages its files, appends it to the batch
+   log and commits atomically (a commit of fixed size: pointers and totals);
 6. at the end of the run, writes the ``integrity`` table and a new output version.
 
-A crash anywhere loses nothing: the next run resumes from the last commit and
-redoes an uncommitted batch with the same cut, after deleting its staged files.
+A crash anywhere loses nothing: the next run resumes from the last commit, deletes what
+uncommitted batches staged, and redoes the rest of the run with the same cut.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from replay import _state
 from replay._dedup import deduplicate, other_copies
 from replay._ledger import account, check_ledger, ledger_row
-from replay._plan import file_stamp, plan_batches, relevant
+from replay._plan import cut_batches, file_stamp, plan_batches, relevant
 from replay._resume import State, rebuild
 from replay._scan import FileCache
 from replay._tables import progress_table, snapshot_json, table_schemas, write_run_version
@@ -49,17 +50,13 @@ from replay.archive import (
     spark_schema,
 )
 from replay.buffers import Buffer, content_hashes, scan_buffers
-from replay.checkpoint import CheckpointStore, LockInfo, write_record
+from replay.checkpoint import CheckpointStore, LockInfo
 from replay.config import JobConfig
-from replay.errors import (
-    CheckpointCorruptError,
-    ConfigError,
-    Location,
-    ReplayError,
-)
+from replay.errors import ConfigError, Location, ReplayError
 from replay.inspection import participants_of
 from replay.outputs import list_versions, read_manifest, write_parquet
 from replay.progress import Decision
+from replay.records import Commit, EngineSnapshot, LogEntry, LogPointer, RunIntent
 from replay.timeutil import format_ts
 
 if TYPE_CHECKING:
@@ -227,8 +224,9 @@ class _Runner:
         self._spark = spark
         self.event = event
         self.notes: list[str] = []
-        # Commits are never changed once written: clean-up after every batch reads each retained one once.
-        self._records: dict[int, Mapping[str, Any]] = {}
+        # Commits are never changed once written: pruning after every batch reads each retained one once.
+        self._records: dict[int, Commit] = {}
+        self._progress: tuple[int, dict[str, Any]] | None = None  # the last batch's progress report
 
     @property
     def spark(self) -> SparkSession:
@@ -241,68 +239,47 @@ class _Runner:
     # -- the pieces ---------------------------------------------------------------------------
 
     def _dirs(self) -> dict[Path, str]:
+        """The output table directories and the prefix of this checkpoint's entries in them."""
         prefix = f"{self.cid}-b"
-        return {
-            self.output / "data" / "windows": prefix,
-            self.output / "data" / "late": prefix,
-            self.output / "data" / "progress": prefix,
-            self.store.root / "state": "b",
-        }
+        return {self.output / "data" / table: prefix for table in ("windows", "late", "progress")}
 
-    def _referenced(self, commit: Mapping[str, Any] | None, *, outputs: bool = True) -> set[str]:
-        """Every path a retained commit (or, with ``outputs``, an output version) still needs.
-
-        Without ``outputs`` (the clean-up after each batch, which touches only ``state/``) the
-        output versions' manifests are not read: they name output data files only.
-        """
-        refs: set[str] = set()
-        if commit is None:
-            return refs
-        refs |= set(self.store.commit_files(commit, self.output))
-        # open-window state of every retained commit (older ones are pruned); one that no longer
-        # reads intact cannot be resumed from, so its files need no keeping
-        retained = self.store.commits()
-        self._records = {b: r for b, r in self._records.items() if b in retained}
-        for batch in retained:
-            if batch == commit["batch"]:
-                continue
-            try:
-                record = self._records.get(batch) or self.store.commit_record(batch)
-                self._records[batch] = record
-            except CheckpointCorruptError:
-                continue
-            refs |= {str(self.store.root / d) for d in record["open_state"].values() if d}
-            refs |= {str(self.store.root / f) for f in record.get("snapshot", {}).values()}
-        # data files an output version already lists are never leftovers, even when the commit
-        # that staged them was set aside as corrupt and its batch is redone
-        for version in list_versions(self.output) if outputs else ():
+    def _listed(self, after: int) -> set[str]:
+        """Output entries that output versions written after batch ``after`` list: never leftovers,
+        even when the commit that staged them was set aside as corrupt and its batch is redone."""
+        keep: set[str] = set()
+        for version in reversed(list_versions(self.output)):
             try:
                 manifest = read_manifest(self.output, version)
             except (OSError, ValueError, ReplayError):
                 continue
-            refs |= {str(self.output / p) for paths in manifest.get("tables", {}).values() for p in paths}
-        return refs
+            mine = manifest.get("checkpoint_id") == self.cid and manifest.get("kind", "run") == "run"
+            if mine and int(manifest.get("batch", 0)) <= after:
+                break  # versions are written in batch order: the older ones list older batches
+            keep |= {str(self.output / p) for paths in manifest.get("tables", {}).values() for p in paths}
+        return keep
 
     def execute(self) -> RunSummary:
         store, config = self.store, self.config
-        point = store.resume_point(lambda c: store.missing_files(c, self.output), repair=True)
+        point = store.resume_point(self.output, repair=True)
         commit = point.commit
         for line in point.skipped:
             self.notes.append(f"checkpoint.corrupt: {line}; set aside, its batch is redone")
         if point.skipped and commit is not None:
-            self.notes.append(f"resuming from commit {commit['batch']}, the newest intact one")
-        intent = store.pending_intent()
-        removed = store.remove_unreferenced(self._referenced(commit), self._dirs())
+            self.notes.append(f"resuming from commit {commit.batch}, the newest intact one")
+        after = commit.batch if commit else 0
+        # The run to do: the one the last commit did not finish, or a new one. Its intent, when it
+        # was written, fixes its files and its cut.
+        run_number = 1 if commit is None else (commit.run if not commit.finish else commit.run + 1)
+        intent = store.run_intent(run_number)
+        store.drop_run_intents(after=run_number)
+        removed = store.remove_leftovers(after, self._dirs(), self._listed(after))
         resumed = intent is not None or bool(removed)
         if removed:
             self.notes.append(f"removed {len(removed)} staged file(s) of an uncommitted batch")
 
-        unfinished = commit is not None and not commit["batches"][-1]["finish"]
-        consumed: dict[str, list[int]] = dict(commit["files"]) if commit else {}
-        if unfinished:
-            assert commit is not None
-            run_files = list(commit["run_files"])
-            resumed = True
+        consumed = _state.read_consumed(store.root / commit.consumed) if commit and commit.consumed else {}
+        if intent is not None:
+            run_files = list(intent.files)
         else:
             run_files = [f for f in discover_files(config.archive) if consumed.get(f) != file_stamp(f)]
         if not run_files and commit is not None:
@@ -325,32 +302,50 @@ class _Runner:
         )
         self.event("scan", 1, 1)
         schema = spark_schema(layout)
-        spark_paths = dict(commit["spark_paths"]) if commit else {}
-        spark_paths.update(scan.spark_paths)
+        state.spark_paths.update(scan.spark_paths)
 
         def hasher(copies: Sequence[tuple[str, int, int, int, int]]) -> Mapping[tuple[str, int], str]:
             hashes, paths = content_hashes(self.spark, layout, copies)
-            spark_paths.update(paths)
+            state.spark_paths.update(paths)
             return hashes
 
         new, discarded = deduplicate(scan, state, store, config, mode, hasher)
 
-        plan = plan_batches(new, config, intent["count"] if intent else None)
-        run_number = (commit["run"] + (0 if unfinished else 1)) if commit else 1
+        done = 0
+        if intent is None:
+            plan = plan_batches(new, config, None)
+            intent = RunIntent(
+                run=run_number,
+                first_batch=after + 1,
+                files=tuple(run_files),
+                cuts=tuple(len(b) for b in plan),
+            )
+            _fault("before_intent", intent.first_batch)
+            store.write_run_intent(intent)
+            _fault("after_intent", intent.first_batch)
+        else:
+            done = after - intent.first_batch + 1 if commit is not None and commit.run == intent.run else 0
+            cut = cut_batches(new, intent.cuts[done:])
+            if cut is not None:
+                plan = cut
+            else:
+                plan = plan_batches(new, config, None)
+                self.notes.append(
+                    f"the archive changed while run {run_number} was interrupted; its remaining "
+                    f"{len(new)} buffer(s) are cut again"
+                )
         participants = participants_of(new, layout)
         batches_done = 0
         for index, batch_buffers in enumerate(plan):
-            last = index == len(plan) - 1
             commit = self._batch(
                 state=state,
                 layout=layout,
                 schema=schema,
                 mode=mode,
-                spark_paths=spark_paths,
                 buffers=batch_buffers,
-                join=participants if index == 0 and not unfinished else {},
+                join=participants if index == 0 and done == 0 else {},
                 discarded=discarded if index == 0 else [],
-                finish=last,
+                finish=index == len(plan) - 1,
                 run_number=run_number,
                 run_files=run_files,
                 consumed=consumed,
@@ -369,34 +364,21 @@ class _Runner:
         layout: ArchiveLayout,
         schema: Any,
         mode: str,
-        spark_paths: dict[str, str],
         buffers: Sequence[Buffer],
         join: Mapping[str, set[int]],
         discarded: Sequence[_state.Discarded],
         finish: bool,
         run_number: int,
         run_files: Sequence[str],
-        consumed: Mapping[str, list[int]],
-    ) -> dict[str, Any]:
+        consumed: dict[str, list[int]],
+    ) -> Commit:
         config, store = self.config, self.store
         previous = state.commit
-        batch = (previous["batch"] + 1) if previous else 1
+        batch = (previous.batch + 1) if previous else 1
         token = uuid.uuid4().hex[:8]
         nkeys = len(layout.keys)
         key_index = {k.name: i for i, k in enumerate(layout.keys)}
-        _fault("before_intent", batch)
-        store.write_intent(
-            batch,
-            {
-                "batch": batch,
-                "run": run_number,
-                "count": len(buffers),
-                "first": list(buffers[0].identity) if buffers else None,
-                "last": list(buffers[-1].identity) if buffers else None,
-                "token": token,
-            },
-        )
-        _fault("after_intent", batch)
+        _fault("before_batch", batch)
 
         engine = state.engine
         engine.join({k: sorted(v) for k, v in join.items()})
@@ -432,7 +414,8 @@ class _Runner:
                 ledger.processed_xor ^= buffer_copy_id(buf)
 
         prefix = f"{self.cid}-b{batch:08d}-{token}"
-        open_before = dict(previous["open_state"]) if previous else {}
+        stem = f"state/b{batch:08d}-{token}"
+        open_before = dict(previous.open_state) if previous else {}
         if not any(buf.tuples for buf, _ in reads) and effective == e_before:
             # Nothing to aggregate (no reads, or punctuation only) and no watermark moved: no
             # window can change, so no Spark work; the buffers still count as processed.
@@ -447,14 +430,12 @@ class _Runner:
                 open_state={name: str(store.root / d) if d else None for name, d in open_before.items()},
                 windows_dir=str(self.output / "data" / "windows" / prefix),
                 late_dir=str(self.output / "data" / "late" / prefix),
-                state_dirs={
-                    s.name: str(store.root / "state" / f"b{batch:08d}-{token}-open-{s.name}") for s in config.windows
-                },
+                state_dirs={s.name: str(store.root / f"{stem}-open-{s.name}") for s in config.windows},
                 range=(start, end),
                 checked=other_copies([*state.discarded, *discarded]),
             )
             result = run_batch(
-                self.spark, config=config, layout=layout, schema=schema, spark_paths=spark_paths, work=work
+                self.spark, config=config, layout=layout, schema=schema, spark_paths=state.spark_paths, work=work
             )
             open_after = {
                 name: (str(Path(c.open_dir).relative_to(store.root)) if c.open_dir else None)
@@ -463,85 +444,92 @@ class _Runner:
             account(ledger, reads, result, config, key_index, nkeys, batch)
         check_ledger(ledger, state.pending, config, key_index, batch)
 
-        progress_path = self.output / "data" / "progress" / f"{prefix}.parquet"
-        write_parquet(progress_table(batch, snapshot), progress_path)
-        buffers_rel = f"state/b{batch:08d}-{token}-buffers.parquet"
-        _state.write_buffers(store.root / buffers_rel, buffers, nkeys)
-        discarded_rel = None
+        # Stage the batch's files (each fsynced), append it to the batch log, then commit.
+        outputs = {
+            "windows": f"data/windows/{prefix}" if result.windows_written else None,
+            "late": f"data/late/{prefix}" if result.late_written else None,
+            "progress": f"data/progress/{prefix}.parquet",
+        }
+        write_parquet(progress_table(batch, snapshot), self.output / "data" / "progress" / f"{prefix}.parquet")
+        _state.write_buffers(store.root / f"{stem}-buffers.parquet", buffers, nkeys)
+        discarded_rel = previous.discarded if previous else None
         if discarded:
-            discarded_rel = f"state/b{batch:08d}-{token}-discarded.parquet"
-            _state.write_discarded(store.root / discarded_rel, discarded)
-        engine_values, held = engine.export_state()
-        snapshot_rel = {
-            "engine": f"state/b{batch:08d}-{token}-engine.json",
-            "held": f"state/b{batch:08d}-{token}-held.parquet",
-        }
-        write_record(
-            store.root / snapshot_rel["engine"],
-            {"engine": engine_values, "undecided": sorted(list(i) for i in state.pending)},
-        )
-        _state.write_buffers(store.root / snapshot_rel["held"], held, nkeys)
-        _fault("after_staging", batch)
-
-        outputs = dict(previous["outputs"]) if previous else {"windows": [], "late": [], "progress": []}
-        outputs = {k: list(v) for k, v in outputs.items()}
-        if result.windows_written:
-            outputs["windows"].append(f"data/windows/{prefix}")
-        if result.late_written:
-            outputs["late"].append(f"data/late/{prefix}")
-        outputs["progress"].append(f"data/progress/{prefix}.parquet")
-        files = dict(previous["files"]) if previous else {}
+            discarded_rel = f"{stem}-discarded.parquet"
+            _state.write_discarded(store.root / discarded_rel, [*state.discarded, *discarded])
+        consumed_rel = previous.consumed if previous else None
         if finish:
-            files.update({f: file_stamp(f) for f in run_files})
-        record = {
-            "batch": batch,
-            "run": run_number,
-            "token": token,
-            "lateness": mode,
-            "range": [start, end],
-            "batches": [
-                *(previous["batches"] if previous else []),
-                {
-                    "batch": batch,
-                    "run": run_number,
-                    "join": {k: sorted(v) for k, v in join.items()},
-                    "finish": finish,
-                    "buffers": buffers_rel,
-                    "discarded": discarded_rel,
-                    "ledger": ledger_row(ledger, state.pending, config, key_index),
-                },
-            ],
-            "files": files,
-            "run_files": list(run_files),
-            "spark_paths": spark_paths,
-            "open_state": open_after,
-            "outputs": outputs,
-            "ledger": ledger.to_json(),
-            "pending_buffers": len(state.pending),
-            "pending_tuples": sum(b.tuples for b in state.pending.values()),
-            "schemas": table_schemas(self.config, schema, layout, previous),
-            "progress": snapshot_json(snapshot),
-            "snapshot": snapshot_rel,
-        }
+            consumed.update({f: file_stamp(f) for f in run_files})
+            consumed_rel = f"{stem}-files.parquet"
+            _state.write_consumed(store.root / consumed_rel, consumed)
+        engine_values, held = engine.export_state()
+        held_files = {b.file for b in held}
+        store.write_snapshot(
+            f"{stem}-engine.json",
+            EngineSnapshot(
+                engine=engine_values,
+                undecided=tuple(sorted(state.pending)),
+                progress=snapshot_json(snapshot),
+                spark_paths={f: p for f, p in state.spark_paths.items() if f in held_files},
+            ),
+        )
+        _state.write_buffers(store.root / f"{stem}-held.parquet", held, nkeys)
+        _fault("after_staging", batch)
+        log = store.append_log(
+            LogEntry(
+                batch=batch,
+                run=run_number,
+                token=token,
+                finish=finish,
+                join={k: tuple(sorted(v)) for k, v in join.items()},
+                buffers=f"{stem}-buffers.parquet",
+                outputs=outputs,
+                ledger=ledger_row(ledger, state.pending, config, key_index),
+            ),
+            previous.log if previous else LogPointer(),
+        )
+        record = Commit(
+            batch=batch,
+            run=run_number,
+            token=token,
+            finish=finish,
+            lateness=mode,
+            range=(start, end),
+            log=log,
+            consumed=consumed_rel,
+            discarded=discarded_rel,
+            engine=f"{stem}-engine.json",
+            held=f"{stem}-held.parquet",
+            open_state=open_after,
+            outputs=outputs,
+            ledger=ledger.to_json(),
+            pending_buffers=len(state.pending),
+            pending_tuples=sum(b.tuples for b in state.pending.values()),
+            schemas=table_schemas(self.config, schema, layout, previous.schemas if previous else None),
+        )
         _fault("during_commit", batch)
-        store.commit(batch, record)
+        store.commit(record)
         self._records[batch] = record
+        self._progress = (batch, snapshot_json(snapshot))
         for buf in buffers:
             state.known[buf.identity] = buf
             state.known_copies.add((buf.file, buf.row_start))
         state.discarded.extend(discarded)
+        state.known_copies |= {(c.file, c.row_start) for c in discarded}
         state.commit = record
-        store.prune(config.retain)
-        store.remove_unreferenced(self._referenced(record, outputs=False), {store.root / "state": "b"})
+        store.prune(config.retain, self._records)
+        self._records = {b: r for b, r in self._records.items() if b in set(store.commits())}
         return record
 
-    def _finish_version(
-        self, commit: Mapping[str, Any], *, batches: int, buffers: int, tuples: int, resumed: bool
-    ) -> RunSummary:
+    def _finish_version(self, commit: Commit, *, batches: int, buffers: int, tuples: int, resumed: bool) -> RunSummary:
         """Write the version of a finished run (once), and summarise."""
-        existing, version = write_run_version(self.output, self.store, self.cid, self.config, commit)
-        ledger = commit["ledger"]
-        keys = commit["progress"]["keys"]
+        progress: Mapping[str, Any] = (
+            self._progress[1]
+            if self._progress is not None and self._progress[0] == commit.batch
+            else self.store.snapshot(commit).progress
+        )
+        existing, version = write_run_version(self.output, self.store, self.cid, self.config, commit, progress)
+        ledger = commit.ledger
+        keys = progress["keys"]
         return RunSummary(
             output=str(self.output),
             checkpoint=str(self.store.root),
@@ -554,7 +542,7 @@ class _Runner:
             windows_emitted=sum(ledger["emitted_windows"].values()),
             open_windows=sum(ledger["open_windows"].values()),
             late_tuples={k["key"]: ledger["late"][i] for i, k in enumerate(keys)},
-            pending_tuples=commit["pending_tuples"],
+            pending_tuples=commit.pending_tuples,
             duplicate_copies=ledger["discarded_copies"],
             watermarks={k["key"]: (k["global"], k["effective"]) for k in keys},
             seconds=0.0,

@@ -34,7 +34,7 @@ def checkpoint_status(checkpoint: str | Path) -> dict[str, Any]:
     """
     store = CheckpointStore(checkpoint)
     identity = store.identity()
-    point = store.resume_point(lambda c: store.missing_files(c, identity["output"]), repair=False) if identity else None
+    point = store.resume_point(identity["output"], repair=False) if identity else None
     commit = point.commit if point else None
     if identity is None or commit is None:
         raise ConfigError(
@@ -43,18 +43,18 @@ def checkpoint_status(checkpoint: str | Path) -> dict[str, Any]:
             todo="run 'replay run' first, or pass the checkpoint directory a run wrote (see its output)",
             code="checkpoint.missing",
         )
-    progress = commit["progress"]
-    ledger = commit["ledger"]
+    progress = store.snapshot(commit).progress
+    ledger = commit.ledger
     return {
         "checkpoint": str(checkpoint),
         "output": identity["output"],
         "versions": list_versions(identity["output"]),
         "commits": store.commits(),
-        "batch": commit["batch"],
-        "run": commit["run"],
-        "finished": commit["batches"][-1]["finish"],
-        "lateness": commit["lateness"],
-        "range": [_ts(v) for v in commit["range"]],
+        "batch": commit.batch,
+        "run": commit.run,
+        "finished": commit.finish,
+        "lateness": commit.lateness,
+        "range": [_ts(v) for v in commit.range],
         "stream_cut": {int(o): c for o, c in sorted(progress["stream_cut"].items(), key=lambda kv: int(kv[0]))},
         "keys": [
             {
@@ -70,8 +70,8 @@ def checkpoint_status(checkpoint: str | Path) -> dict[str, Any]:
         "open_windows": dict(ledger["open_windows"]),
         "windows_emitted": dict(ledger["emitted_windows"]),
         "late_tuples": {k["key"]: ledger["late"][i] for i, k in enumerate(progress["keys"])},
-        "pending_buffers": commit["pending_buffers"],
-        "pending_tuples": commit["pending_tuples"],
+        "pending_buffers": commit.pending_buffers,
+        "pending_tuples": commit.pending_tuples,
         "gaps": progress["gaps"],
         # Newer commits that do not read intact (or name missing files): the next run sets them
         # aside and resumes from this one.

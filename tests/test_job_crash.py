@@ -103,27 +103,33 @@ def assert_ledger_whole(checkpoint: Path, archive_buffers: int) -> None:
     commit = store.latest()
     assert commit is not None
     identities = []
-    for entry in commit["batches"]:
-        identities += [b.identity for b in _state.read_buffers(checkpoint / entry["buffers"], 1)]
+    for entry in store.read_log(commit.log):
+        identities += [b.identity for b in _state.read_buffers(checkpoint / entry.buffers, 1)]
     assert len(identities) == len(set(identities)) == archive_buffers
-    ledger = commit["ledger"]
+    ledger = commit.ledger
     assert ledger["read_xor"] == ledger["processed_xor"] ^ ledger["discarded_xor"]
-    assert commit["pending_buffers"] == 0
+    assert commit.pending_buffers == 0
 
 
-@pytest.mark.parametrize("point", ["before_intent", "after_intent", "after_staging", "during_commit"])
+@pytest.mark.parametrize(
+    ("point", "batch"),
+    [("before_intent", 1), ("after_intent", 1), ("before_batch", 2), ("after_staging", 2), ("during_commit", 2)],
+)
 def test_sigkill_at_each_point_then_resume_equals_an_uninterrupted_run(
-    archive: Path, tmp_path: Path, spark: Any, uninterrupted: dict[str, str], point: str
+    archive: Path, tmp_path: Path, spark: Any, uninterrupted: dict[str, str], point: str, batch: int
 ) -> None:
+    """Before and after the run's intent (which records its files and cut, before batch 1), and
+    before, in and after the staging of batch 2 (batch 1 committed)."""
     job = write_job(tmp_path, archive)
-    crashed = replay_run(job, fault=f"{point}:2")
+    crashed = replay_run(job, fault=f"{point}:{batch}")
     _, err = crashed.communicate(timeout=300)
     assert crashed.returncode == -signal.SIGKILL, err
     config = load_config(job)
     store = CheckpointStore(tmp_path / "ckpt")
-    assert store.commits() == [1]  # batch 1 committed, batch 2 not
+    assert store.commits() == list(range(1, batch))  # the batches before it committed, it not
+    assert (tmp_path / "ckpt" / "runs" / "00000001.json").exists() == (point != "before_intent")
     summary = run(config, spark=spark)
-    assert summary.resumed
+    assert summary.resumed == (point != "before_intent")  # before the intent nothing was written
     assert config.output is not None
     found = digest(config.output)
     assert {t: found[t] for t in DETERMINISTIC} == uninterrupted
@@ -223,9 +229,9 @@ def _edit_payload(path: Path) -> None:
 
 
 def _delete_state(path: Path) -> None:
-    """Delete the buffer state file of the batch ``path`` commits."""
+    """Delete the engine's held buffers that ``path`` commits."""
     document = json.loads(path.read_text())
-    (path.parent.parent / document["batches"][-1]["buffers"]).unlink()
+    (path.parent.parent / document["held"]).unlink()
 
 
 def test_a_corrupt_commit_is_set_aside_and_its_batch_redone(

@@ -100,15 +100,18 @@ def test_resume_opens_as_many_checkpoint_files_after_200_batches_as_after_10(spa
     def kinds(paths: list[str]) -> list[str]:
         return sorted(Path(p).parent.name + "/" + Path(p).name.split("-", 1)[-1] for p in paths)
 
-    # The checkpoint's identity, the retained commits (clean-up keeps their open-window state) and
-    # the last commit's engine snapshot; never a buffer record of the batches before.
+    # The checkpoint's identity, the retained commits (pruning keeps the files they need), the last
+    # commit's engine snapshot and its list of consumed files, and the batch log (the output
+    # version lists every batch's files); never a buffer record of the batches before.
     assert len(long) == len(short), (kinds(short), kinds(long))
     retained = {f"{n:08d}.json" for n in range(200 - 9, 201)}
     for path in map(Path, long):
         assert (
             path.name == "checkpoint.json"
             or (path.parent.name == "commits" and path.name in retained)
+            or path.name == "batches.jsonl"
             or (path.name.startswith("b00000200-") and path.name.endswith(("-engine.json", "-held.parquet")))
+            or (path.name.startswith(("b00000200-", "b00000201-")) and path.name.endswith("-files.parquet"))
         ), kinds(long)
     # The same answer as one run over both files in one batch.
     fresh = _job(tmp_path / "fresh", tmp_path / "long" / "archive")

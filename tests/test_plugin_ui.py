@@ -7,6 +7,7 @@ real api-server in ``test_airflow_stack.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -57,10 +58,10 @@ def replays(tmp_path_factory: pytest.TempPathFactory, validated_run: Any) -> tup
     assert identity is not None
     write_record(root / "daily" / "checkpoint.json", {**identity, "output": str(out)})
     shutil.copytree(config.checkpoint, root / "partial")
-    commits = sorted((root / "partial" / "commits").glob("*.json"))
-    record = json.loads(commits[-1].read_text())
-    record["batches"][-1]["finish"] = False
-    commits[-1].write_text(json.dumps(record))
+    partial = CheckpointStore(root / "partial")
+    last = partial.latest()
+    assert last is not None
+    partial.commit(dataclasses.replace(last, finish=False))
 
     # What the operators record in a DAG run (here with a context of our own).
     layout = inspect_schema(config)

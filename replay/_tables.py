@@ -14,9 +14,10 @@ from replay import _state
 from replay.archive import ArchiveLayout, local_path
 from replay.checkpoint import CheckpointStore
 from replay.config import JobConfig
+from replay.errors import CheckpointCorruptError
 from replay.outputs import encode_schema, list_versions, read_manifest, write_manifest, write_parquet
 from replay.progress import ProgressSnapshot
-from replay.records import Commit
+from replay.records import Commit, LogPointer
 from replay.timeutil import NEG_INF, format_ts
 
 __all__ = [
@@ -278,22 +279,38 @@ def write_run_version(
     report of the commit's engine snapshot.
     """
     existing = None
+    base: Mapping[str, Any] | None = None  # the checkpoint's newest earlier run version
     for v in reversed(list_versions(output)):
         manifest = read_manifest(output, v)
-        if manifest.get("kind", "run") != "run":
+        if manifest.get("kind", "run") != "run" or manifest.get("checkpoint_id") != cid:
             continue  # a publication names its source's checkpoint and batch too
-        if manifest.get("checkpoint_id") == cid and manifest.get("batch") == commit.batch:
+        if manifest.get("batch") == commit.batch:
             existing = v
+            break
+        if manifest.get("batch", 0) < commit.batch and "log" in manifest:
+            base = manifest
             break
     if existing is not None or not commit.finish:
         return existing, existing
-    entries = store.read_log(commit.log)
+    # The batches since the base version, read from the log after its pointer; all of them when
+    # there is no base (or it does not point into this log: a checkpoint repaired since).
+    before: dict[str, list[Any]] = {"windows": [], "late": [], "progress": [], "ledger_batches": []}
+    entries = None
+    if base is not None:
+        try:
+            entries = store.read_log(commit.log, since=LogPointer.from_json(base["log"]))
+            before = {t: list(base["tables"][t]) for t in ("windows", "late", "progress")}
+            before["ledger_batches"] = list(base["ledger_batches"])
+        except (CheckpointCorruptError, KeyError, TypeError, ValueError):
+            entries = None
+    if entries is None:
+        entries = store.read_log(commit.log)
     discarded = _state.read_discarded(store.root / commit.discarded) if commit.discarded else []
     consumed = _state.read_consumed(store.root / commit.consumed) if commit.consumed else {}
     integrity = integrity_from_json(progress, discarded, config.archive)
     integrity_rel = f"data/integrity/{cid}-b{commit.batch:08d}-{commit.token}.parquet"
     write_parquet(integrity, output / integrity_rel)
-    tables = {t: [p for e in entries if (p := e.outputs.get(t))] for t in ("windows", "late", "progress")}
+    tables = {t: before[t] + [p for e in entries if (p := e.outputs.get(t))] for t in ("windows", "late", "progress")}
     version = write_manifest(
         output,
         {
@@ -312,7 +329,9 @@ def write_run_version(
             "config": config.model_dump(mode="json"),
             "files": sorted(consumed),
             "origins": progress["origins"],
-            "ledger_batches": [{"batch": e.batch, **e.ledger} for e in entries],
+            "ledger_batches": before["ledger_batches"] + [{"batch": e.batch, **e.ledger} for e in entries],
+            # How far the batch log reached: the next version reads only the batches after it.
+            "log": commit.log.to_json(),
         },
     )
     return None, version

@@ -356,7 +356,8 @@ class CheckpointStore:
         return self._numbered("commits")
 
     def resume_point(self, output: str | Path, *, repair: bool) -> ResumePoint:
-        """The newest commit that reads intact and whose files all exist (``missing_files``).
+        """The newest commit that reads intact, whose files all exist (``missing_files``) and whose
+        engine snapshot reads intact.
 
         Newer commits that fail are reported in ``skipped``; with ``repair`` (the writer, under the
         lock) they are renamed ``<batch>.json.corrupt`` so that the run redoes those batches from
@@ -377,6 +378,13 @@ class CheckpointStore:
                 bad.append(path)
                 continue
             absent = self.missing_files(record, output)
+            if not absent:
+                try:
+                    self.snapshot(record)
+                except (CheckpointCorruptError, CheckpointStateError) as error:
+                    skipped.append(f"commit {batch}: its engine snapshot {error.message}")
+                    bad.append(path)
+                    continue
             if absent:
                 shown = ", ".join(absent[:3]) + (f" and {len(absent) - 3} more" if len(absent) > 3 else "")
                 skipped.append(f"commit {batch}: {len(absent)} file(s) it names are missing ({shown})")
@@ -441,25 +449,29 @@ class CheckpointStore:
             fsync_dir(self.root)
         return LogPointer(lines=after.lines + 1, size=after.size + len(line), chain=_chain(after.chain, line))
 
-    def read_log(self, upto: LogPointer) -> list[LogEntry]:
-        """The batch log's entries up to ``upto``, each checked against the pointer's sha256 chain.
+    def read_log(self, upto: LogPointer, since: LogPointer | None = None) -> list[LogEntry]:
+        """The batch log's entries up to ``upto`` (after ``since``, a pointer of an earlier commit,
+        when given), each checked against the pointers' sha256 chain.
 
         Raises:
-            CheckpointCorruptError: the log is shorter than the pointer, or a line was changed.
+            CheckpointCorruptError: the log is shorter than the pointer, or a line was changed
+                (or ``since`` does not point into the same log).
         """
         path = self.root / LOG_NAME
-        if upto.lines == 0:
+        since = since or LogPointer()
+        if upto.lines == since.lines:
             return []
         try:
             with open(path, "rb") as handle:
-                data = handle.read(upto.size)
+                handle.seek(since.size)
+                data = handle.read(max(upto.size - since.size, 0))
         except FileNotFoundError:
             raise _corrupt(path, "is missing") from None
         lines = data.splitlines(keepends=True)
-        chain = ""
+        chain = since.chain
         for line in lines:
             chain = _chain(chain, line)
-        if len(data) != upto.size or len(lines) != upto.lines or chain != upto.chain:
+        if len(data) != upto.size - since.size or len(lines) != upto.lines - since.lines or chain != upto.chain:
             raise _corrupt(path, f"does not match the sha256 chain of its first {upto.lines} line(s)")
         try:
             return [LogEntry.from_json(json.loads(line)) for line in lines]

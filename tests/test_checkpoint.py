@@ -10,7 +10,7 @@ import pytest
 
 from replay.checkpoint import RECORD_FORMAT_VERSION, CheckpointStore, read_record, write_record
 from replay.errors import CheckpointCorruptError, CheckpointStateError
-from replay.records import Commit, LogEntry, LogPointer
+from replay.records import Commit, EngineSnapshot, LogEntry, LogPointer
 
 
 def test_a_record_reads_back_as_written(tmp_path: Path) -> None:
@@ -98,32 +98,41 @@ def test_a_commit_without_its_fields_is_checkpoint_corrupt(tmp_path: Path) -> No
         CheckpointStore(tmp_path).latest()
 
 
+def _committed(store: CheckpointStore, batch: int) -> None:
+    """Commit ``batch`` with an engine snapshot that reads intact."""
+    commit = _commit(batch, f"b{batch}")
+    store.write_snapshot(commit.engine, EngineSnapshot(engine={}, undecided=(), progress={}))
+    store.commit(commit)
+
+
 def test_resume_point_falls_back_to_the_newest_intact_commit(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
-    for batch in (1, 2, 3, 4):
-        (tmp_path / f"b{batch}").touch()
-        store.commit(_commit(batch, f"b{batch}"))
-    (tmp_path / "commits" / "00000004.json").write_text("{")  # truncated
-    (tmp_path / "b3").unlink()  # commit 3 names a file that is gone
+    for batch in (1, 2, 3, 4, 5):
+        _committed(store, batch)
+    (tmp_path / "commits" / "00000005.json").write_text("{")  # truncated
+    (tmp_path / "b4").unlink()  # commit 4 names a file that is gone
+    snapshot = json.loads((tmp_path / "b3").read_text())
+    (tmp_path / "b3").write_text(json.dumps(snapshot | {"undecided": [[1, 2, 3]]}))  # edited, hash kept
 
     looked = store.resume_point(tmp_path / "out", repair=False)
     assert looked.commit is not None and looked.commit.batch == 2
-    assert [line.split(":")[0] for line in looked.skipped] == ["commit 4", "commit 3"]
-    assert store.commits() == [1, 2, 3, 4]  # reading repairs nothing
+    assert [line.split(":")[0] for line in looked.skipped] == ["commit 5", "commit 4", "commit 3"]
+    assert "engine snapshot" in looked.skipped[2] and "sha256" in looked.skipped[2]
+    assert store.commits() == [1, 2, 3, 4, 5]  # reading repairs nothing
     repaired = store.resume_point(tmp_path / "out", repair=True)
     assert repaired == looked
     assert store.commits() == [1, 2]
     assert sorted(p.name for p in (tmp_path / "commits").glob("*.corrupt")) == [
         "00000003.json.corrupt",
         "00000004.json.corrupt",
+        "00000005.json.corrupt",
     ]
 
 
 def test_resume_point_without_any_intact_commit_stops(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
     assert store.resume_point(tmp_path / "out", repair=True).commit is None  # a new checkpoint
-    (tmp_path / "b1").touch()
-    store.commit(_commit(1, "b1"))
+    _committed(store, 1)
     (tmp_path / "commits" / "00000001.json").write_text("")
     with pytest.raises(CheckpointCorruptError, match="none of the checkpoint's 1 commit"):
         store.resume_point(tmp_path / "out", repair=True)
@@ -153,6 +162,15 @@ def test_the_batch_log_reads_back_up_to_a_commit_and_drops_an_uncommitted_line(t
     redone = store.append_log(_entry(3), second)  # redone: the stray line is replaced
     assert store.read_log(redone) == [_entry(1), _entry(2), _entry(3)]
     assert len((tmp_path / "batches.jsonl").read_bytes().splitlines()) == 3
+
+
+def test_the_batch_log_reads_from_an_earlier_pointer_and_refuses_a_foreign_one(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    first = store.append_log(_entry(1), LogPointer())
+    third = store.append_log(_entry(3), store.append_log(_entry(2), first))
+    assert store.read_log(third, since=first) == [_entry(2), _entry(3)]
+    with pytest.raises(CheckpointCorruptError, match="sha256 chain"):
+        store.read_log(third, since=LogPointer(lines=1, size=first.size, chain="0" * 64))
 
 
 @pytest.mark.parametrize(

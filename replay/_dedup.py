@@ -14,6 +14,7 @@ from replay.checkpoint import CheckpointStore
 from replay.config import JobConfig
 from replay.errors import ConflictingDuplicateError, Location
 from replay.progress import arrival_order
+from replay.vocabulary import ConflictPolicy, IntegrityKind, Lateness
 
 __all__ = ["deduplicate", "discard", "other_copies"]
 
@@ -72,8 +73,8 @@ def deduplicate(
             )
         else:
             same = mine == kept
-        kind = "duplicate" if same else "conflict"
-        if kind == "conflict" and config.on_conflict == "fail":
+        kind = IntegrityKind.DUPLICATE if same else IntegrityKind.CONFLICT
+        if kind == IntegrityKind.CONFLICT and config.on_conflict == ConflictPolicy.FAIL:
             raise ConflictingDuplicateError(
                 f"buffer archived again with different content: in {known.file} (row {known.row_start}, "
                 f"already replayed) and {buf.file} (row {buf.row_start})",
@@ -84,12 +85,14 @@ def deduplicate(
         discarded.append(discard(kind, buf, buf.file, buf.row_start, buf.tuples, known.file))
     for dup in scan.duplicates:
         if (dup.file, dup.row_start) not in state.known_copies:
-            discarded.append(discard("duplicate", dup, dup.file, dup.row_start, dup.tuples, dup.kept_file))
+            discarded.append(discard(IntegrityKind.DUPLICATE, dup, dup.file, dup.row_start, dup.tuples, dup.kept_file))
     for con in scan.conflicts:
         if (con.other_file, con.other_row) not in state.known_copies:
-            discarded.append(discard("conflict", con, con.other_file, con.other_row, con.other_tuples, con.kept_file))
+            discarded.append(
+                discard(IntegrityKind.CONFLICT, con, con.other_file, con.other_row, con.other_tuples, con.kept_file)
+            )
 
-    if mode == "arrival":
+    if mode == Lateness.ARRIVAL:
         clock = state.engine.clock
         if clock is not None:
             # Buffers that reach an incremental run with an ingest_ts before the checkpoint's
@@ -114,7 +117,7 @@ def discard(
 ) -> _state.Discarded:
     """The record of a copy that was read but not kept (``kind``: duplicate or conflict)."""
     return _state.Discarded(
-        kind=kind,
+        kind=str(kind),
         origin=copy.origin,
         sequence=copy.sequence,
         chunk=copy.chunk,

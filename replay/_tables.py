@@ -19,6 +19,7 @@ from replay.outputs import encode_schema, list_versions, read_manifest, write_ma
 from replay.progress import ProgressSnapshot
 from replay.records import Commit, LogPointer
 from replay.timeutil import NEG_INF, format_ts
+from replay.vocabulary import IntegrityKind
 
 __all__ = [
     "INTEGRITY_SCHEMA",
@@ -126,13 +127,13 @@ def integrity_table(snapshot: ProgressSnapshot, discarded: Sequence[_state.Disca
 
     rows: list[dict[str, Any]] = []
     for origin, seq in snapshot.gaps:
-        rows.append({"kind": "gap", "origin_id": origin, "sequence_number": seq})
+        rows.append({"kind": IntegrityKind.GAP.value, "origin_id": origin, "sequence_number": seq})
     for origin, seq in snapshot.incomplete:
-        rows.append({"kind": "incomplete", "origin_id": origin, "sequence_number": seq})
+        rows.append({"kind": IntegrityKind.INCOMPLETE.value, "origin_id": origin, "sequence_number": seq})
     for s in snapshot.skipped:
         rows.append(
             {
-                "kind": "skipped",
+                "kind": IntegrityKind.SKIPPED.value,
                 "origin_id": s.origin,
                 "sequence_number": s.sequence,
                 "detail": "missing" if s.missing else "chunks " + ",".join(map(str, s.chunks)),
@@ -141,7 +142,7 @@ def integrity_table(snapshot: ProgressSnapshot, discarded: Sequence[_state.Disca
     for r in snapshot.regressions:
         rows.append(
             {
-                "kind": "regression",
+                "kind": IntegrityKind.REGRESSION.value,
                 "origin_id": r.origin,
                 "sequence_number": r.sequence,
                 "wm_key": r.key,

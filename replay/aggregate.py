@@ -43,7 +43,15 @@ from replay.archive import ArchiveLayout
 from replay.buffers import Buffer, time_micros, time_value
 from replay.config import JobConfig, WindowSpec
 from replay.progress import Decision
-from replay.windows import WindowColumns, aggregated_types, final_columns, merge, output_columns, partials
+from replay.windows import (
+    WindowColumns,
+    aggregated_types,
+    final_columns,
+    merge,
+    output_columns,
+    partials,
+    window_end,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -329,7 +337,7 @@ def run_batch(
         if not pieces:
             continue
         merged = pieces[0] if len(pieces) == 1 and previous is None else merge(pieces, spec, cols)
-        due = F.col("window_start") + F.lit(spec.size) <= F.lit(work.effective[i])
+        due = window_end(F.col("window_start"), spec) <= F.lit(work.effective[i])
         state_names = list(merged.columns)
         branch = merged.select(
             F.when(due, F.lit(f"windows:{s}")).otherwise(F.lit(f"open:{s}")).alias("_part"),

@@ -17,6 +17,7 @@ from urllib.parse import unquote, urlparse
 import pyarrow as pa
 
 from replay.errors import ArchiveReadError, ArchiveSchemaError, ConfigError, EmptyArchiveError, Location
+from replay.vocabulary import Lateness
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -364,15 +365,15 @@ def spark_schema(layout: ArchiveLayout) -> Any:
     return StructType(fields)
 
 
-def resolve_lateness(config: JobConfig, layout: ArchiveLayout) -> str:
+def resolve_lateness(config: JobConfig, layout: ArchiveLayout) -> Lateness:
     """``origin`` or ``arrival``: ``auto`` picks arrival when the archive has ``ingest_ts``.
 
     Raises:
         ConfigError: ``lateness: arrival`` on an archive without an ``ingest_ts`` column.
     """
-    if config.lateness == "auto":
-        return "arrival" if layout.has_ingest else "origin"
-    if config.lateness == "arrival" and not layout.has_ingest:
+    if config.lateness == Lateness.AUTO:
+        return Lateness.ARRIVAL if layout.has_ingest else Lateness.ORIGIN
+    if config.lateness == Lateness.ARRIVAL and not layout.has_ingest:
         raise ConfigError(
             f"lateness: arrival needs the ingest_ts column ('{config.columns.ingest_ts}'), which the archive lacks",
             where=Location(field="lateness", column=config.columns.ingest_ts),

@@ -29,6 +29,7 @@ from pydantic import (
 
 from replay.errors import ConfigError, Location
 from replay.timeutil import format_duration, parse_duration
+from replay.vocabulary import ConflictPolicy, GapPolicy, Lateness, RegressionPolicy, TimeUnit, WindowKind
 
 __all__ = [
     "AGGREGATION_FUNCTIONS",
@@ -132,7 +133,7 @@ class WindowSpec(_Model):
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     wm_key: str = "default"
-    kind: Literal["tumbling", "sliding"] = "tumbling"
+    kind: WindowKind = WindowKind.TUMBLING
     size: Duration
     slide: Duration | None = None
     offset: Duration = 0
@@ -235,8 +236,8 @@ class JobConfig(_Model):
     output: str | None = None
     checkpoint: str | None = None
     columns: ColumnMapping = Field(default_factory=ColumnMapping)
-    time_unit: Literal["native", "ms"] = Field(
-        default="native",
+    time_unit: TimeUnit = Field(
+        default=TimeUnit.NATIVE,
         description="native: Parquet timestamps; ms: int64 epoch milliseconds",
     )
     chunk_base: Literal[0, 1] = 1
@@ -248,11 +249,11 @@ class JobConfig(_Model):
         ),
     )
     expected_origins: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
-    lateness: Literal["auto", "origin", "arrival"] = "auto"
+    lateness: Lateness = Lateness.AUTO
     idle_timeout: Duration | None = None
-    gap_policy: Literal["wait", "skip"] = "wait"
-    watermark_regression: Literal["fail", "clamp"] = "fail"
-    on_conflict: Literal["fail", "keep_first"] = "fail"
+    gap_policy: GapPolicy = GapPolicy.WAIT
+    watermark_regression: RegressionPolicy = RegressionPolicy.FAIL
+    on_conflict: ConflictPolicy = ConflictPolicy.FAIL
     windows: list[WindowSpec] = Field(default_factory=list)
     micro_batch: MicroBatch = Field(default_factory=MicroBatch)
     spark: SparkSettings = Field(default_factory=SparkSettings)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from replay.errors import BadBufferError, Location, WatermarkRegressionError
 from replay.timeutil import NEG_INF, format_ts, minus
+from replay.vocabulary import Lateness, LateReason
 
 if TYPE_CHECKING:
     from replay.buffers import Buffer
@@ -41,8 +42,8 @@ __all__ = [
 
 _NEVER = 2**63  # beyond every timestamp
 
-BEHIND_ORIGIN = "behind_origin_watermark"
-BEHIND_GLOBAL = "behind_global_watermark"
+BEHIND_ORIGIN = LateReason.BEHIND_ORIGIN
+BEHIND_GLOBAL = LateReason.BEHIND_GLOBAL
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -230,7 +231,7 @@ class ProgressEngine:
         """
         decisions: list[Decision] = []
         for buf in buffers:
-            if self.mode == "arrival":
+            if self.mode == Lateness.ARRIVAL:
                 if buf.ingest is None:
                     raise BadBufferError(
                         "arrival-mode lateness needs an ingest_ts on every buffer",
@@ -255,7 +256,7 @@ class ProgressEngine:
                     self._coalesce()
             else:
                 self._apply(buf, decisions)
-        if self.mode == "origin":
+        if self.mode == Lateness.ORIGIN:
             self._coalesce()
         return decisions
 
@@ -340,7 +341,7 @@ class ProgressEngine:
             state.last[seq] = chunk
         state.max_seq = max(state.max_seq, seq)
         state.cut = max(state.cut, (seq, chunk)) if state.cut is not None else (seq, chunk)
-        if self.mode == "arrival":
+        if self.mode == Lateness.ARRIVAL:
             state.last_ingest = buf.ingest
             state.idle_marker = buf.idle
         elif seq == state.prefix + 1 and state.blocked is None:
@@ -401,7 +402,7 @@ class ProgressEngine:
         state.last.pop(seq, None)
         state.prefix = seq
         state.wm = new_wm
-        if self.mode == "origin":
+        if self.mode == Lateness.ORIGIN:
             for buf in sorted(state.pending.get(seq + 1, {}).values(), key=lambda b: b.chunk):
                 decisions.append(self._decide(buf, state.wm, BEHIND_ORIGIN))
 
@@ -420,7 +421,7 @@ class ProgressEngine:
 
     def _coalesce(self) -> None:
         idle = {o: self._idle(state) for o, state in self._origins.items()}
-        if self.mode == "arrival" and self.idle_timeout is not None:
+        if self.mode == Lateness.ARRIVAL and self.idle_timeout is not None:
             # The earliest clock at which a silent origin times out (unseen ones count from the
             # first ingest_ts; expected ones that sent nothing never do).
             starts = [

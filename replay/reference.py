@@ -24,6 +24,7 @@ from replay._reference_windows import WindowRow, build_windows
 from replay.config import JobConfig
 from replay.errors import Location, WatermarkRegressionError
 from replay.timeutil import NEG_INF, format_ts, minus
+from replay.vocabulary import Lateness, LateReason
 
 __all__ = [
     "BEHIND_GLOBAL_WATERMARK",
@@ -36,8 +37,8 @@ __all__ = [
     "run_reference",
 ]
 
-BEHIND_ORIGIN_WATERMARK = "behind_origin_watermark"
-BEHIND_GLOBAL_WATERMARK = "behind_global_watermark"
+BEHIND_ORIGIN_WATERMARK = LateReason.BEHIND_ORIGIN
+BEHIND_GLOBAL_WATERMARK = LateReason.BEHIND_GLOBAL
 
 Threshold = tuple[int, str]  # (threshold in microseconds, reason)
 
@@ -313,7 +314,7 @@ def _run_progress(loaded: LoadedArchive, config: JobConfig) -> _Run:
     for k in keys:
         g[k], time_windows[k] = _global_step(g[k], locals_of(final, k), idle)
 
-    if loaded.lateness == "origin":
+    if loaded.lateness == Lateness.ORIGIN:
         for b in buffers:
             state = final[b.origin]
             for k, key in keys.items():

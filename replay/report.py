@@ -28,6 +28,7 @@ from replay._report_charts import REASON_COLOURS, histogram_chart, timeline_char
 from replay.outputs import current_version, list_versions, read_manifest, read_table, read_validation, resolve_version
 from replay.status import checkpoint_status
 from replay.timeutil import MICROS_PER_SECOND, NEG_INF, format_ts
+from replay.vocabulary import IntegrityKind
 
 if TYPE_CHECKING:
     import numpy as np
@@ -35,14 +36,14 @@ if TYPE_CHECKING:
 
 __all__ = ["write_report"]
 
-#: Integrity kinds in reading order (``replay.job`` writes these; an unknown kind is listed after them).
-INTEGRITY_KINDS = {
-    "gap": "Gaps (missing sequences)",
-    "incomplete": "Incomplete sequences (missing chunks)",
-    "skipped": "Skipped sequences (closed by gap_policy: skip)",
-    "regression": "Watermark regressions",
-    "duplicate": "Duplicates (identical copies discarded)",
-    "conflict": "Conflicts (copies with different content)",
+#: Integrity kinds in reading order (an unknown kind is listed after them).
+INTEGRITY_KINDS: dict[str, str] = {
+    IntegrityKind.GAP: "Gaps (missing sequences)",
+    IntegrityKind.INCOMPLETE: "Incomplete sequences (missing chunks)",
+    IntegrityKind.SKIPPED: "Skipped sequences (closed by gap_policy: skip)",
+    IntegrityKind.REGRESSION: "Watermark regressions",
+    IntegrityKind.DUPLICATE: "Duplicates (identical copies discarded)",
+    IntegrityKind.CONFLICT: "Conflicts (copies with different content)",
 }
 _INTEGRITY_ROWS = 200  # rows shown per integrity kind
 _CORRECTION_ROWS = 100

@@ -4,7 +4,8 @@ A window aggregation (``WindowSpec``) is computed in three steps that keep every
 per-tuple operation inside Spark:
 
 1. ``partials``: the on-time tuples of one micro-batch are assigned to their
-   windows (``[start, start + size)``, starts ``offset + j * slide``) and reduced
+   windows (``[start, start + size)``, starts ``offset + j * slide``: the formulas of
+   ``replay.window_kinds``, here on Spark Columns) and reduced
    to one partial row per (grouping key, window start);
 2. ``merge``: partials of earlier batches (the open-window state carried in the
    checkpoint) and of this batch are merged per (key, start);
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from replay._aggregations import FLOAT_SUM_TYPE, FUNCTIONS
 from replay.config import Aggregation, WindowSpec
+from replay.window_kinds import shape_of
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -44,6 +46,7 @@ __all__ = [
     "output_columns",
     "owner_start",
     "partials",
+    "window_end",
 ]
 
 
@@ -97,18 +100,38 @@ def _merge_exprs(spec: WindowSpec, cols: WindowColumns) -> list[Column]:
     return exprs
 
 
-def owner_start(t: Column, spec: WindowSpec, cols: WindowColumns) -> Column:
-    """The start of the window that owns event time ``t``: its latest window, or with a backfill
-    range the latest one ending by ``range_end`` (which may not hold ``t``: a tuple near a range
-    edge may have no window inside the range, and then no window owns it)."""
-    from pyspark.sql import functions as F
+class _ColumnOps:
+    """``replay.window_kinds``' arithmetic on Spark Columns."""
 
-    slide, offset = spec.effective_slide, spec.offset
-    last = t - F.pmod(t - F.lit(offset), F.lit(slide))  # the latest start <= t
-    if cols.range_end is None:
-        return last
-    capped = F.least(last, F.lit(cols.range_end - spec.size))
-    return capped - F.pmod(capped - F.lit(offset), F.lit(slide))
+    def lit(self, value: int) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.lit(value)
+
+    def pmod(self, value: Column, divisor: int) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.pmod(value, F.lit(divisor))
+
+    def least(self, a: Column, b: Column) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.least(a, b)
+
+
+COLUMN_OPS = _ColumnOps()
+
+
+def owner_start(t: Column, spec: WindowSpec, cols: WindowColumns) -> Column:
+    """The start of the window that owns event time ``t`` (``WindowShape.owner``)."""
+    start: Column = shape_of(spec).owner(t, cols.range_end, COLUMN_OPS)
+    return start
+
+
+def window_end(start: Column, spec: WindowSpec) -> Column:
+    """The end of the window of ``spec`` starting at ``start`` (``WindowShape.end``)."""
+    end: Column = shape_of(spec).end(start, COLUMN_OPS)
+    return end
 
 
 def partials(
@@ -131,24 +154,22 @@ def partials(
     """
     from pyspark.sql import functions as F
 
-    size, slide, offset = spec.size, spec.effective_slide, spec.offset
+    shape = shape_of(spec)
     t = F.col(_q(cols.event_micros))
-    last = t - F.pmod(t - F.lit(offset), F.lit(slide))  # the latest start <= t
-    count = -(-size // slide)  # windows per tuple at most: ceil(size / slide)
     member = F.lit(True) if on_time is None else on_time
-    if count == 1:
-        assigned = rows.withColumn("_start", last).withColumn("_first", F.lit(True))
+    if shape.per_tuple == 1:
+        assigned = rows.withColumn("_start", shape.last_start(t, COLUMN_OPS)).withColumn("_first", F.lit(True))
     else:
         assigned = (
-            rows.withColumn("_j", F.explode(F.sequence(F.lit(0), F.lit(count - 1))))
-            .withColumn("_start", last - F.col("_j") * F.lit(slide))
+            rows.withColumn("_j", F.explode(F.sequence(F.lit(0), F.lit(shape.per_tuple - 1))))
+            .withColumn("_start", shape.start(t, F.col("_j"), COLUMN_OPS))
             .withColumn("_first", F.col("_j") == 0)
         )
-        member = member & (F.col("_start") + F.lit(size) > t)
+        member = member & shape.holds(F.col("_start"), t, COLUMN_OPS)
     if cols.range_start is not None:
         member = member & (F.col("_start") >= F.lit(cols.range_start))
     if cols.range_end is not None:
-        member = member & (F.col("_start") + F.lit(size) <= F.lit(cols.range_end))
+        member = member & (shape.end(F.col("_start"), COLUMN_OPS) <= F.lit(cols.range_end))
     owned = F.col("_start") == owner_start(t, spec, cols)
     return assigned.groupBy(F.col(_q(cols.key)).alias("key"), F.col("_start").alias("window_start")).agg(
         *_partial_exprs(spec, cols, member, owned), *extra
@@ -198,7 +219,7 @@ def final_columns(spec: WindowSpec, cols: WindowColumns, columns: Sequence[tuple
         F.lit(spec.wm_key).alias("wm_key"),
         F.col("key"),
         F.timestamp_micros("window_start").alias("window_start"),
-        F.timestamp_micros(F.col("window_start") + F.lit(spec.size)).alias("window_end"),
+        F.timestamp_micros(window_end(F.col("window_start"), spec)).alias("window_end"),
         *[(mine[name] if name in mine else F.lit(None)).cast(data_type).alias(name) for name, data_type in columns],
     ]
 

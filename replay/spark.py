@@ -33,6 +33,10 @@ _DEFAULTS = {
     # both small: a few partitions per core beat Spark's default of 200.
     "spark.sql.shuffle.partitions": "8",
     "spark.sql.adaptive.enabled": "true",
+    # PySpark's DataFrame debugging records the Python call site of every DataFrame and Column
+    # call in the JVM: four more py4j round trips per call, 40 % of a micro-batch's plan
+    # building (docs/performance.md). Replay's errors name files, origins and sequences instead.
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 
 

@@ -56,6 +56,7 @@ def spark() -> Iterator[object]:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.python.sql.dataFrameDebugging.enabled", "false")  # as replay.spark sets it
         .config("spark.default.parallelism", "2")
         .config("spark.driver.memory", "2g")
         .getOrCreate()

@@ -24,39 +24,33 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import signal
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replay import _state
-from replay._dedup import deduplicate, other_copies
-from replay._ledger import account, check_ledger, ledger_row
-from replay._plan import cut_batches, file_stamp, plan_batches, relevant
-from replay._resume import State, rebuild
+from replay._batch import Batch, RunContext, fault, process
+from replay._dedup import deduplicate
+from replay._plan import cut_batches, file_stamp, plan_batches
+from replay._resume import rebuild
 from replay._scan import FileCache
-from replay._tables import progress_table, snapshot_json, table_schemas, write_run_version
-from replay.aggregate import BatchWork, WorkResult, buffer_copy_id, copy_id, run_batch
+from replay._tables import write_run_version
 from replay.archive import (
-    ArchiveLayout,
     discover_files,
     inspect_schema,
     local_path,
     resolve_lateness,
     spark_schema,
 )
-from replay.buffers import Buffer, content_hashes, scan_buffers
+from replay.buffers import content_hashes, scan_buffers
 from replay.checkpoint import CheckpointStore, LockInfo
 from replay.config import JobConfig
 from replay.errors import ConfigError, Location, ReplayError
 from replay.inspection import participants_of
-from replay.outputs import list_versions, read_manifest, write_parquet
-from replay.progress import Decision
-from replay.records import Commit, EngineSnapshot, LogEntry, LogPointer, RunIntent
+from replay.outputs import list_versions, read_manifest
+from replay.records import Commit, RunIntent
 from replay.timeutil import format_ts
 
 if TYPE_CHECKING:
@@ -125,13 +119,6 @@ def default_checkpoint(output: str, start: int | None, end: int | None) -> str:
     lo = "inf" if start is None else format_ts(start)
     hi = "inf" if end is None else format_ts(end)
     return str(Path(output) / "_checkpoints" / f"range_{lo}_{hi}".replace(":", ""))
-
-
-def _fault(point: str, batch: int) -> None:
-    """Test hook: ``REPLAY_FAULT=<point>:<batch>`` kills this process with SIGKILL at that point."""
-    wanted = os.environ.get("REPLAY_FAULT")
-    if wanted and wanted == f"{point}:{batch}":
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # --------------------------------------------------------------------------- the run
@@ -320,9 +307,9 @@ class _Runner:
                 files=tuple(run_files),
                 cuts=tuple(len(b) for b in plan),
             )
-            _fault("before_intent", intent.first_batch)
+            fault("before_intent", intent.first_batch)
             store.write_run_intent(intent)
-            _fault("after_intent", intent.first_batch)
+            fault("after_intent", intent.first_batch)
         else:
             done = after - intent.first_batch + 1 if commit is not None and commit.run == intent.run else 0
             cut = cut_batches(new, intent.cuts[done:])
@@ -335,190 +322,37 @@ class _Runner:
                     f"{len(new)} buffer(s) are cut again"
                 )
         participants = participants_of(new, layout)
+        ctx = RunContext(
+            config=config,
+            store=store,
+            cid=self.cid,
+            output=self.output,
+            range=self.range,
+            layout=layout,
+            schema=schema,
+            mode=mode,
+            run=run_number,
+            run_files=tuple(run_files),
+        )
         batches_done = 0
         for index, batch_buffers in enumerate(plan):
-            commit = self._batch(
-                state=state,
-                layout=layout,
-                schema=schema,
-                mode=mode,
+            batch_in = Batch(
                 buffers=batch_buffers,
                 join=participants if index == 0 and done == 0 else {},
                 discarded=discarded if index == 0 else [],
                 finish=index == len(plan) - 1,
-                run_number=run_number,
-                run_files=run_files,
-                consumed=consumed,
             )
+            commit, progress = process(ctx, state, batch_in, consumed, self.spark)
+            self._records[commit.batch] = commit
+            self._progress = (commit.batch, progress)
+            store.prune(config.retain, self._records)
+            self._records = {b: r for b, r in self._records.items() if b in set(store.commits())}
             batches_done += 1
             self.event("batch", index + 1, len(plan))
         assert commit is not None
         return self._finish_version(
             commit, batches=batches_done, buffers=len(new), tuples=sum(b.tuples for b in new), resumed=resumed
         )
-
-    def _batch(
-        self,
-        *,
-        state: State,
-        layout: ArchiveLayout,
-        schema: Any,
-        mode: str,
-        buffers: Sequence[Buffer],
-        join: Mapping[str, set[int]],
-        discarded: Sequence[_state.Discarded],
-        finish: bool,
-        run_number: int,
-        run_files: Sequence[str],
-        consumed: dict[str, list[int]],
-    ) -> Commit:
-        config, store = self.config, self.store
-        previous = state.commit
-        batch = (previous.batch + 1) if previous else 1
-        token = uuid.uuid4().hex[:8]
-        nkeys = len(layout.keys)
-        key_index = {k.name: i for i, k in enumerate(layout.keys)}
-        _fault("before_batch", batch)
-
-        engine = state.engine
-        engine.join({k: sorted(v) for k, v in join.items()})
-        e_before = tuple(k.effective_watermark for k in engine.snapshot().keys)
-        for buf in buffers:
-            state.pending[buf.identity] = buf
-        decisions: list[Decision] = engine.feed(buffers)
-        if finish:
-            decisions += engine.finish()
-        snapshot = engine.snapshot()
-        effective = tuple(k.effective_watermark for k in snapshot.keys)
-
-        ledger = state.ledger
-        for buf in buffers:
-            ledger.tuples_read += buf.tuples
-            ledger.read_xor ^= buffer_copy_id(buf)
-        for copy in discarded:
-            cid = copy_id(copy.origin, copy.sequence, copy.chunk, copy.file, copy.row_start)
-            ledger.tuples_read += copy.tuples
-            ledger.read_xor ^= cid
-            ledger.discarded_xor ^= cid
-            ledger.discarded_tuples += copy.tuples
-            ledger.discarded_copies += 1
-
-        start, end = self.range
-        reads: list[tuple[Buffer, Decision]] = []
-        for d in decisions:
-            buf = state.pending.pop((d.origin, d.sequence, d.chunk))
-            if relevant(buf, start, end):
-                reads.append((buf, d))
-            else:
-                ledger.outside_skipped += buf.tuples
-                ledger.processed_xor ^= buffer_copy_id(buf)
-
-        prefix = f"{self.cid}-b{batch:08d}-{token}"
-        stem = f"state/b{batch:08d}-{token}"
-        open_before = dict(previous.open_state) if previous else {}
-        if not any(buf.tuples for buf, _ in reads) and effective == e_before:
-            # Nothing to aggregate (no reads, or punctuation only) and no watermark moved: no
-            # window can change, so no Spark work; the buffers still count as processed.
-            result = WorkResult()
-            open_after = open_before
-            for buf, _ in reads:
-                ledger.processed_xor ^= buffer_copy_id(buf)
-        else:
-            work = BatchWork(
-                reads=reads,
-                effective=effective,
-                open_state={name: str(store.root / d) if d else None for name, d in open_before.items()},
-                windows_dir=str(self.output / "data" / "windows" / prefix),
-                late_dir=str(self.output / "data" / "late" / prefix),
-                state_dirs={s.name: str(store.root / f"{stem}-open-{s.name}") for s in config.windows},
-                range=(start, end),
-                checked=other_copies([*state.discarded, *discarded]),
-            )
-            result = run_batch(
-                self.spark, config=config, layout=layout, schema=schema, spark_paths=state.spark_paths, work=work
-            )
-            open_after = {
-                name: (str(Path(c.open_dir).relative_to(store.root)) if c.open_dir else None)
-                for name, c in result.specs.items()
-            }
-            account(ledger, reads, result, config, key_index, nkeys, batch)
-        check_ledger(ledger, state.pending, config, key_index, batch)
-
-        # Stage the batch's files (each fsynced), append it to the batch log, then commit.
-        outputs = {
-            "windows": f"data/windows/{prefix}" if result.windows_written else None,
-            "late": f"data/late/{prefix}" if result.late_written else None,
-            "progress": f"data/progress/{prefix}.parquet",
-        }
-        write_parquet(progress_table(batch, snapshot), self.output / "data" / "progress" / f"{prefix}.parquet")
-        _state.write_buffers(store.root / f"{stem}-buffers.parquet", buffers, nkeys)
-        discarded_rel = previous.discarded if previous else None
-        if discarded:
-            discarded_rel = f"{stem}-discarded.parquet"
-            _state.write_discarded(store.root / discarded_rel, [*state.discarded, *discarded])
-        consumed_rel = previous.consumed if previous else None
-        if finish:
-            consumed.update({f: file_stamp(f) for f in run_files})
-            consumed_rel = f"{stem}-files.parquet"
-            _state.write_consumed(store.root / consumed_rel, consumed)
-        engine_values, held = engine.export_state()
-        held_files = {b.file for b in held}
-        store.write_snapshot(
-            f"{stem}-engine.json",
-            EngineSnapshot(
-                engine=engine_values,
-                undecided=tuple(sorted(state.pending)),
-                progress=snapshot_json(snapshot),
-                spark_paths={f: p for f, p in state.spark_paths.items() if f in held_files},
-            ),
-        )
-        _state.write_buffers(store.root / f"{stem}-held.parquet", held, nkeys)
-        _fault("after_staging", batch)
-        log = store.append_log(
-            LogEntry(
-                batch=batch,
-                run=run_number,
-                token=token,
-                finish=finish,
-                join={k: tuple(sorted(v)) for k, v in join.items()},
-                buffers=f"{stem}-buffers.parquet",
-                outputs=outputs,
-                ledger=ledger_row(ledger, state.pending, config, key_index),
-            ),
-            previous.log if previous else LogPointer(),
-        )
-        record = Commit(
-            batch=batch,
-            run=run_number,
-            token=token,
-            finish=finish,
-            lateness=mode,
-            range=(start, end),
-            log=log,
-            consumed=consumed_rel,
-            discarded=discarded_rel,
-            engine=f"{stem}-engine.json",
-            held=f"{stem}-held.parquet",
-            open_state=open_after,
-            outputs=outputs,
-            ledger=ledger.to_json(),
-            pending_buffers=len(state.pending),
-            pending_tuples=sum(b.tuples for b in state.pending.values()),
-            schemas=table_schemas(self.config, schema, layout, previous.schemas if previous else None),
-        )
-        _fault("during_commit", batch)
-        store.commit(record)
-        self._records[batch] = record
-        self._progress = (batch, snapshot_json(snapshot))
-        for buf in buffers:
-            state.known[buf.identity] = buf
-            state.known_copies.add((buf.file, buf.row_start))
-        state.discarded.extend(discarded)
-        state.known_copies |= {(c.file, c.row_start) for c in discarded}
-        state.commit = record
-        store.prune(config.retain, self._records)
-        self._records = {b: r for b, r in self._records.items() if b in set(store.commits())}
-        return record
 
     def _finish_version(self, commit: Commit, *, batches: int, buffers: int, tuples: int, resumed: bool) -> RunSummary:
         """Write the version of a finished run (once), and summarise."""

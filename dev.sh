@@ -256,9 +256,10 @@ case "$cmd" in
             AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT="$(free_port)" \
             AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT="$(free_port)" \
             AIRFLOW__REPLAY__ROOT="${AIRFLOW__REPLAY__ROOT:-$PWD/data}" \
+            AIRFLOW_CONN_SPARK_MASTER="${AIRFLOW_CONN_SPARK_MASTER:-spark://127.0.0.1:7077}" \
             PYTHONPATH="$PWD/plugins${PYTHONPATH:+:$PYTHONPATH}"
         # For another shell's airflow CLI (airflow dags list, airflow backfill create ...).
-        (umask 077 && env | grep -E '^(AIRFLOW_HOME|AIRFLOW__[A-Z_]+|PYTHONPATH)=' | sort |
+        (umask 077 && env | grep -E '^(AIRFLOW_HOME|AIRFLOW__[A-Z_]+|AIRFLOW_CONN_[A-Z_]+|PYTHONPATH)=' | sort |
             while IFS='=' read -r key value; do printf 'export %s=%q\n' "$key" "$value"; done >"$stack_dir/env.sh")
 
         echo "dev.sh: airflow db migrate (log in $logs/migrate.log)" >&2

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -198,6 +199,13 @@ def inspect(
         raise typer.Exit(1)
 
 
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` whole or not at all: a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def _timestamp(value: str | None, option: str) -> int | None:
     from replay.timeutil import parse_timestamp
 
@@ -221,6 +229,13 @@ def run_command(
     start: Annotated[str | None, typer.Option(help="Backfill from this event time (inclusive, ISO 8601).")] = None,
     end: Annotated[str | None, typer.Option(help="Backfill up to this event time (exclusive, ISO 8601).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    summary_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also write the summary (or, on a Replay error, the error) as JSON to this file: "
+            "how a caller that only sees the exit code, such as spark-submit, gets the result."
+        ),
+    ] = None,
 ) -> None:
     """Replay the archive in micro-batches into a new output version, resuming from the checkpoint."""
     from replay.config import load_config
@@ -238,8 +253,13 @@ def run_command(
         ) as steps:
             summary = run(job, start=range_start, end=range_end, on_event=steps)
     except ReplayError as error:
+        if summary_file is not None:
+            failure = error.to_dict() | {"message": error.message, "kind": type(error).__name__}
+            _write_json(summary_file, {"error": failure})
         raise _fail(error) from error
     data = summary.to_dict()
+    if summary_file is not None:
+        _write_json(summary_file, {"summary": data})
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from replay.config import SparkSettings
 
-__all__ = ["check_java", "get_session", "job_progress"]
+__all__ = ["check_java", "driver_java_options", "get_session", "job_progress"]
 
 _DEFAULTS = {
     "spark.sql.session.timeZone": "UTC",
@@ -62,30 +62,45 @@ def check_java() -> None:
     )
 
 
+def driver_java_options() -> str:
+    """The driver's JVM options Replay sets: its log4j2 configuration (warnings and errors only).
+
+    spark-submit callers pass it as ``--conf spark.driver.extraJavaOptions=...``: the JVM is
+    started before Replay's code runs.
+    """
+    log_config = Path(__file__).with_name("log4j2.properties")
+    return f"-Dlog4j2.configurationFile={log_config.as_uri()}"
+
+
 def get_session(settings: SparkSettings | None = None, *, app_name: str = "replay") -> SparkSession:
     """Return the active SparkSession, or build one from ``settings``.
 
-    An already active session (a test session, a notebook, spark-submit) is reused
-    as it is: its master and configuration belong to whoever started it.
+    An already active session (a test session, a notebook) is reused as it is: its master and
+    configuration belong to whoever started it. Under spark-submit (which starts the JVM and hands
+    this process its gateway), the session takes spark-submit's master and driver options; the
+    job's ``spark.master`` is not applied, its ``spark.conf`` and Replay's settings are.
     """
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    check_java()
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    if not submitted:
+        check_java()
     master = settings.master if settings is not None else "local[*]"
     # The batch pass writes its tables from Python workers (pyarrow): they run this interpreter
     # unless the deployment names another one.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    if master.startswith("local"):
-        # An embedded driver talks to itself only: bind to loopback instead of guessing an interface.
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = SparkSession.builder.appName(app_name)
-    builder = builder.master(master)
+    builder = SparkSession.builder
     conf = dict(_DEFAULTS)
-    log_config = Path(__file__).with_name("log4j2.properties")
-    conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={log_config.as_uri()}"
+    if not submitted:  # spark-submit's --master, --name and driver options stand
+        builder = builder.appName(app_name)
+        if master.startswith("local"):
+            # An embedded driver talks to itself only: bind to loopback instead of guessing an interface.
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = builder.master(master)
+        conf["spark.driver.extraJavaOptions"] = driver_java_options()
     if settings is not None:
         conf.update(settings.conf)
     for key, value in conf.items():

@@ -48,9 +48,16 @@ class AirflowHome:
         env.update(extra)
         return env
 
-    def run(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str, check: bool = True, timeout: float = 600, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
-            [str(AIRFLOW), *args], env=self.env(), capture_output=True, text=True, timeout=timeout, cwd=self.home
+            [str(AIRFLOW), *args],
+            env=self.env(**(env or {})),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=self.home,
         )
         if check and result.returncode != 0:
             raise AssertionError(
@@ -59,8 +66,10 @@ class AirflowHome:
             )
         return result
 
-    def dags_test(self, dag_id: str, conf: dict[str, Any], *, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return self.run("dags", "test", dag_id, "--conf", json.dumps(conf), check=check)
+    def dags_test(
+        self, dag_id: str, conf: dict[str, Any], *, check: bool = True, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return self.run("dags", "test", dag_id, "--conf", json.dumps(conf), check=check, env=env)
 
     @contextmanager
     def dags_test_meanwhile(self, dag_id: str, conf: dict[str, Any]) -> Iterator[None]:

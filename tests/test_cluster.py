@@ -1,6 +1,8 @@
 """The cluster path: a real Spark standalone master and worker on 127.0.0.1, started without Docker by
-``./dev.sh cluster`` (the pyspark distribution's ``spark-class ...Master`` / ``...Worker``), and a
-``replay run --spark-master spark://...`` whose tasks run in the worker's executor.
+``./dev.sh cluster`` (the pyspark distribution's ``spark-class ...Master`` / ``...Worker``), a
+``replay run --spark-master spark://...`` whose tasks run in the worker's executor, and the backfill
+DAG with its ``spark_submit`` engine (``airflow dags test``; spark-submit of ``python -m replay run``
+against the Airflow connection ``spark_master``) on the same cluster.
 
 docs/semantics.md#determinism: the tables are the same in cluster and local mode. The cluster run and a local run
 (the test session's SparkSession, one batch where the cluster run has two) must give equal digests.
@@ -32,7 +34,9 @@ from replay.config import load_config
 from replay.digest import digest
 from replay.generate import generate_archive
 from replay.job import run
+from replay.outputs import current_version, latest_run_version, read_manifest, read_validation
 from tests import _background
+from tests._airflow import SPARK_CONF, make_home
 from tests._archives import FEATURED
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -130,14 +134,18 @@ class ClusterRun:
     apps: list[dict[str, Any]]
     cluster_exit: int | None
     master_stopped: bool
+    dag: subprocess.CompletedProcess[str]
+    dag_output: Path
 
 
 @_background.register("cluster")
 def replay_on_a_cluster() -> ClusterRun:
-    """Start ``./dev.sh cluster``, write the archive while its JVMs start, replay it there in two batches."""
+    """Start ``./dev.sh cluster``, write the archive and an Airflow home while its JVMs start, replay
+    the archive there in two batches with ``replay run``, then with the backfill DAG's spark-submit."""
     work = Path(tempfile.mkdtemp(prefix="replay-cluster-"))
     with standalone_cluster(work) as (master, ui, process):
-        archive = work / "archive"
+        airflow = make_home(work)
+        archive = airflow.root / "archive"
         generated = generate_archive(archive, dataclasses.replace(FEATURED, buffer_tuples=100, seed=2))
         assert generated.buffers >= 10 and generated.duplicates and generated.late_tuples
         job = write_job(work / "cluster", archive, max_buffers=7)
@@ -150,6 +158,18 @@ def replay_on_a_cluster() -> ClusterRun:
             text=True,
             timeout=600,
         )
+        settings = yaml.safe_load(job.read_text())
+        conf = {
+            "archive": "archive",
+            "output": "dag-out",
+            "windows": settings["windows"],
+            "micro_batch": settings["micro_batch"],
+            "engine": "spark_submit",
+            # Not used by the spark_submit engine: the connection's master is.
+            "spark_master": "local[1]",
+            "spark_conf": SPARK_CONF,
+        }
+        dag = airflow.dags_test("replay_backfill", conf, check=False, env={"AIRFLOW_CONN_SPARK_MASTER": master})
         apps = master_state(ui)["completedapps"]
     try:
         master_state(ui)
@@ -157,7 +177,17 @@ def replay_on_a_cluster() -> ClusterRun:
     except OSError:  # nothing listens on the master's web UI port any more
         master_stopped = True
     return ClusterRun(
-        work, archive, job, remote.returncode, remote.stdout, remote.stderr, apps, process.returncode, master_stopped
+        work,
+        archive,
+        job,
+        remote.returncode,
+        remote.stdout,
+        remote.stderr,
+        apps,
+        process.returncode,
+        master_stopped,
+        dag,
+        airflow.root / "dag-out",
     )
 
 
@@ -168,8 +198,12 @@ def test_a_replay_on_a_standalone_cluster_equals_a_local_one(tmp_path: Path, spa
         assert done.returncode == 0, done.stderr[-4000:]
         summary = json.loads(done.stdout)
         assert summary["batches"] == 2 and summary["windows_emitted"] > 0 and sum(summary["late_tuples"].values()) > 0
-        assert [(a["name"], a["state"]) for a in done.apps] == [("replay", "FINISHED")]
-        assert done.apps[0]["cores"] > 0  # its tasks ran in the worker's executor
+        # The CLI's application, then the DAG's spark-submit (named after its DAG run), both with
+        # their tasks in the worker's executor.
+        names = sorted((a["name"], a["state"]) for a in done.apps)
+        assert names[0] == ("replay", "FINISHED"), done.apps
+        assert len(names) == 2 and names[1][0].startswith("replay replay_backfill manual__"), done.apps
+        assert names[1][1] == "FINISHED" and all(a["cores"] > 0 for a in done.apps)
         # SIGTERM: ./dev.sh cluster stopped its master and worker, then exited with 128 + 15.
         assert done.cluster_exit == 143 and done.master_stopped
 
@@ -180,5 +214,16 @@ def test_a_replay_on_a_standalone_cluster_equals_a_local_one(tmp_path: Path, spa
         assert on_cluster.output is not None and local.output is not None
         on_cluster_digests, local_digests = digest(on_cluster.output), digest(local.output)
         assert {t: on_cluster_digests[t] for t in DETERMINISTIC} == {t: local_digests[t] for t in DETERMINISTIC}
+
+        # The backfill DAG with engine spark_submit: the same tables, validated and published.
+        assert done.dag.returncode == 0, (done.dag.stdout + done.dag.stderr)[-6000:]
+        run_version = latest_run_version(done.dag_output)
+        assert run_version is not None
+        assert (read_validation(done.dag_output, run_version) or {}).get("success") is True
+        dag_digests = digest(done.dag_output, run_version)
+        assert {t: dag_digests[t] for t in DETERMINISTIC} == {t: local_digests[t] for t in DETERMINISTIC}
+        published = current_version(done.dag_output)
+        assert published is not None and read_manifest(done.dag_output, published)["source"] == run_version
+        assert digest(done.dag_output)["windows"] == local_digests["windows"]
     finally:
         shutil.rmtree(done.work, ignore_errors=True)

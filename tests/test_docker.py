@@ -318,6 +318,8 @@ TRANSLATED = {
     "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": ("$(free_port)", "8793"),
     "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": ("$(free_port)", "8794"),
     "AIRFLOW__REPLAY__ROOT": ("${AIRFLOW__REPLAY__ROOT:-$PWD/data}", "/data"),
+    # The spark_submit engine's cluster: ./dev.sh cluster's default address; the spark-master service.
+    "AIRFLOW_CONN_SPARK_MASTER": ("${AIRFLOW_CONN_SPARK_MASTER:-spark://127.0.0.1:7077}", "spark://spark-master:7077"),
 }
 # Only in compose: one root per data volume.
 COMPOSE_ONLY = {"AIRFLOW__REPLAY__ARCHIVE_ROOT", "AIRFLOW__REPLAY__OUTPUT_ROOT", "AIRFLOW__REPLAY__CHECKPOINT_ROOT"}

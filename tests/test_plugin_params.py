@@ -31,7 +31,7 @@ def _params(**values: Any) -> ParamsDict:
 def test_every_setting_of_the_job_model_is_a_form_field_and_no_reference_is_left() -> None:
     schemas = param_schemas()
     model_fields = set(JobConfig.model_fields) - {"spark"}
-    assert set(schemas) == model_fields | {"spark_master", "spark_conf", "start", "end"}
+    assert set(schemas) == model_fields | {"spark_master", "spark_conf", "start", "end", "engine"}
     assert list(schemas)[: len(FORM_FIELDS)] == list(FORM_FIELDS)
     assert "$ref" not in json.dumps(schemas)
     params = job_params(archive="a", output="o")
@@ -61,13 +61,14 @@ def test_the_demo_job_is_valid_for_airflow_and_for_pydantic() -> None:
         ("expected_origins", [0]),
         ("start", "yesterday"),
         ("spark_master", ""),
+        ("engine", "yarn"),
     ],
 )
 def test_airflow_refuses_a_trigger_the_model_would_refuse(field: str, value: Any) -> None:
     with pytest.raises(ParamValidationError):
         _params(**{field: value})
     data = {"archive": "a", "windows": [WINDOW], field: value}
-    if field in ("start", "spark_master"):
+    if field in ("start", "spark_master", "engine"):
         return  # not job settings: the plan task checks them (below)
     with pytest.raises(ConfigError):
         parse_config(data)
@@ -96,6 +97,11 @@ def test_the_plan_refuses_bad_ranges_paths_and_settings_naming_them() -> None:
         resolve_job({**params, "start": "2026-01-02T00:00:00"}, roots)
     with pytest.raises(PathOutsideRootError, match="param 'checkpoint'"):
         resolve_job({**params, "checkpoint": "/r/o/ckpt"}, roots)
+    assert resolve_job(params, roots).engine == "in_task"
+    submitted = resolve_job({**params, "engine": "spark_submit"}, roots)
+    assert submitted.engine == "spark_submit" and type(submitted).from_xcom(submitted.to_xcom()) == submitted
+    with pytest.raises(ConfigError, match="param 'engine' = 'yarn'"):
+        resolve_job({**params, "engine": "yarn"}, roots)
     with pytest.raises(ConfigError, match=r"windows\.0"):
         resolve_job({**params, "windows": [{**WINDOW, "size": "0s"}]}, roots)
     with pytest.raises(ConfigError, match="unknown settings"):

@@ -163,49 +163,116 @@ class ReplayRunOperator(BaseOperator):
 
     Running it again with nothing new in the archive writes nothing and returns the same version.
 
+    Where the Spark driver runs is the run's ``engine`` param (``ResolvedJob.engine``): ``in_task``
+    (the default) calls ``replay.run`` inside this task, on the job's ``spark_master``;
+    ``spark_submit`` hands ``python -m replay run`` to spark-submit, through the Spark provider's
+    ``SparkSubmitHook`` (what ``SparkSubmitOperator`` runs), against the cluster of the Airflow
+    connection ``conn_id``, and waits for it. Both return the same summary.
+
     :param plan: the result of ``ReplayPlanOperator`` (templated; pass ``plan_task.output``)
+    :param conn_id: the Spark connection of the ``spark_submit`` engine (e.g.
+        ``AIRFLOW_CONN_SPARK_MASTER=spark://spark-master:7077``)
     """
 
     template_fields = ("plan",)
     ui_color = "#fde8e8"
 
-    def __init__(self, *, plan: Mapping[str, Any] | Any, **kwargs: Any) -> None:
+    def __init__(self, *, plan: Mapping[str, Any] | Any, conn_id: str = "spark_master", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.plan = plan
+        self.conn_id = conn_id
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from replay import run
         from replay_airflow.params import ResolvedJob
 
         with task_errors():
             job = ResolvedJob.from_xcom(self.plan)
-            summary = run(job.config, start=job.start, end=job.end, on_event=_Progress(self.log))
-        result = summary.to_dict()
-        result["version"] = summary.version
-        if summary.batches or summary.new_version:
+            if job.engine == "spark_submit":
+                result = self._submit(job, context)
+            else:
+                from replay import run
+
+                result = run(job.config, start=job.start, end=job.end, on_event=_Progress(self.log)).to_dict()
+        if result["batches"] or result["new_version"]:
             from replay_airflow.records import record_task
 
             columns = dict(self.plan or {}).get("inspection", {}).get("watermark_columns")
             record_task(
                 context,
-                summary.output,
+                result["output"],
                 "replayed",
-                version=summary.version,
+                version=result["version"],
                 archive={"path": job.config.archive, "keys": columns} if columns else None,
-                checkpoint=summary.checkpoint,
-                batches=summary.batches,
+                checkpoint=result["checkpoint"],
+                batches=result["batches"],
             )
         self.log.info(
             "version %s (%s): %d batches, %d tuples, %d windows emitted, %d open, late %s",
-            summary.version,
-            "new" if summary.new_version else "nothing new",
-            summary.batches,
-            summary.tuples_read,
-            summary.windows_emitted,
-            summary.open_windows,
-            summary.late_tuples,
+            result["version"],
+            "new" if result["new_version"] else "nothing new",
+            result["batches"],
+            result["tuples_read"],
+            result["windows_emitted"],
+            result["open_windows"],
+            result["late_tuples"],
         )
         return result
+
+    def _submit(self, job: Any, context: Any) -> dict[str, Any]:
+        """``spark-submit .../replay/__main__.py run --config <job> --summary-file <file>``; its summary.
+
+        The driver runs in client mode on this worker (a standalone master runs no Python driver
+        in cluster mode), with this environment's interpreter on both sides; the job's Spark
+        settings go along as ``--conf``. A Replay error in the driver fails the task without
+        retries, with replay's message, as in the ``in_task`` engine.
+        """
+        import json
+        import os
+        import sys
+        import tempfile
+        from pathlib import Path
+
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+        from airflow.sdk.exceptions import AirflowFailException
+
+        import replay
+        from replay.spark import driver_java_options
+        from replay.timeutil import format_ts
+
+        python = sys.executable
+        with tempfile.TemporaryDirectory(prefix="replay-submit-") as tmp:
+            job_file, summary_file = Path(tmp, "job.json"), Path(tmp, "summary.json")
+            job_file.write_text(json.dumps(job.config.model_dump(mode="json")), encoding="utf-8")
+            args = ["run", "--config", str(job_file), "--summary-file", str(summary_file)]
+            for option, bound in (("--start", job.start), ("--end", job.end)):
+                text = format_ts(bound)  # exact: sub-millisecond digits are kept
+                if text is not None:
+                    args += [option, text]
+            ti = context["ti"]
+            hook = SparkSubmitHook(
+                conn_id=self.conn_id,
+                conf={"spark.driver.extraJavaOptions": driver_java_options(), **job.config.spark.conf},
+                name=f"replay {ti.dag_id} {ti.run_id}",
+                application_args=args,
+                env_vars={
+                    "PYSPARK_PYTHON": python,
+                    "PYSPARK_DRIVER_PYTHON": python,
+                    # spark-submit itself: the one of the locked PySpark, beside this interpreter.
+                    "PATH": os.path.dirname(python) + os.pathsep + os.environ.get("PATH", ""),
+                },
+            )
+            application = str(Path(replay.__file__).with_name("__main__.py"))
+            self.log.info("spark-submit on connection %r: %s %s", self.conn_id, application, " ".join(args))
+            try:
+                hook.submit(application=application)
+            except Exception:
+                if summary_file.exists() and "error" in (outcome := json.loads(summary_file.read_text())):
+                    raise AirflowFailException(outcome["error"]["message"]) from None
+                raise
+            if not summary_file.exists():
+                raise RuntimeError(f"spark-submit ended without the summary {summary_file} of 'replay run'")
+            summary: dict[str, Any] = json.loads(summary_file.read_text(encoding="utf-8"))["summary"]
+        return summary
 
 
 class _OutputOperator(BaseOperator):

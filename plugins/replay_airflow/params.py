@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from replay.config import JobConfig
     from replay_airflow.roots import Roots
 
-__all__ = ["FORM_FIELDS", "ResolvedJob", "job_params", "param_schemas", "resolve_job"]
+__all__ = ["ENGINES", "FORM_FIELDS", "ResolvedJob", "job_params", "param_schemas", "resolve_job"]
 
 #: The form's first fields, in order; every other setting follows in the "Advanced" section.
 FORM_FIELDS = (
@@ -38,7 +38,12 @@ FORM_FIELDS = (
     "lateness",
     "micro_batch",
     "spark_master",
+    "engine",
 )
+
+#: Where a run's Spark driver runs: inside the Airflow task (``spark_master`` is its master), or
+#: started by spark-submit against the cluster of the Airflow connection ``spark_master``.
+ENGINES = ("in_task", "spark_submit")
 
 _RANGE_DESCRIPTION = (
     "event-time range of a backfill, {which} (ISO 8601 with an offset, e.g. 2026-01-01T00:00:00Z); "
@@ -91,6 +96,16 @@ def param_schemas() -> dict[str, dict[str, Any]]:
         "default": master.get("default", "local[*]"),
     }
     props["spark_conf"] = {**spark["properties"]["conf"], "description": "extra Spark settings (key: value)"}
+    props["engine"] = {
+        "type": "string",
+        "enum": list(ENGINES),
+        "default": ENGINES[0],
+        "description": (
+            "in_task: the Spark driver runs inside the Airflow task, on spark_master; spark_submit: "
+            "the replay is submitted with spark-submit to the cluster of the Airflow connection "
+            "spark_master (spark_master above is then not used)"
+        ),
+    }
     for which, name in (("inclusive", "start"), ("exclusive", "end")):
         props[name] = {
             "type": ["string", "null"],
@@ -158,6 +173,7 @@ class ResolvedJob:
     start: int | None
     end: int | None
     range_source: str  # "params", "data interval" or "none"
+    engine: str = ENGINES[0]  # one of ENGINES
 
     def to_xcom(self) -> dict[str, Any]:
         from replay.timeutil import format_ts
@@ -167,6 +183,7 @@ class ResolvedJob:
             "start": format_ts(self.start),
             "end": format_ts(self.end),
             "range_source": self.range_source,
+            "engine": self.engine,
         }
 
     @classmethod
@@ -179,6 +196,7 @@ class ResolvedJob:
             start=None if data.get("start") is None else parse_timestamp(data["start"]),
             end=None if data.get("end") is None else parse_timestamp(data["end"]),
             range_source=str(data.get("range_source", "params")),
+            engine=str(data.get("engine") or ENGINES[0]),
         )
 
 
@@ -252,7 +270,15 @@ def resolve_job(
             code="airflow.bad_range",
         )
 
-    data = {k: v for k, v in params.items() if k not in ("start", "end", "spark_master", "spark_conf")}
+    engine = str(params.get("engine") or ENGINES[0])
+    if engine not in ENGINES:
+        raise ConfigError(
+            f"param 'engine' = {engine!r} is not one of {list(ENGINES)}",
+            where=Location(field="engine"),
+            todo="choose in_task (the default) or spark_submit",
+            code="airflow.bad_engine",
+        )
+    data = {k: v for k, v in params.items() if k not in ("start", "end", "spark_master", "spark_conf", "engine")}
     data["spark"] = {"master": params.get("spark_master") or "local[*]", "conf": dict(params.get("spark_conf") or {})}
     data["archive"] = roots.resolve("archive", str(params.get("archive") or ""), param="archive")
     data["output"] = roots.resolve("output", str(params.get("output") or ""), param="output")
@@ -265,4 +291,4 @@ def resolve_job(
         name = default_checkpoint(data["output"], start, end).rsplit("/", 1)[-1]
         data["checkpoint"] = roots.resolve("checkpoint", f"_checkpoints/{relative}/{name}", param="checkpoint")
     config = parse_config(data, source="the DAG run's params")
-    return ResolvedJob(config=config, start=start, end=end, range_source=source)
+    return ResolvedJob(config=config, start=start, end=end, range_source=source, engine=engine)

@@ -47,8 +47,8 @@ def _buffers(first: int, last: int, *, tuple_at: int | None, watermark: int | No
 
 def _history(root: Path, batches: int) -> Path:
     """Build the archive and its committed history in this process; returns the job file."""
-    from replay.config import load_config
-    from replay.job import run
+    from replay.core.config import load_config
+    from replay.runner.loop import run
 
     shutil.rmtree(root, ignore_errors=True)
     archive = root / "archive"

@@ -1,8 +1,12 @@
 """Benchmarks (measurements, never timed tests).
 
-Run with ``./dev.sh bench [inspect|inspect-warm|run|floor|resume] [--sizes TUPLES:TUPLES_PER_BUFFER ...]``.
+Run with ``./dev.sh bench [inspect|inspect-warm|run|floor|resume|fixed|scale] [--sizes TUPLES:TUPLES_PER_BUFFER ...]``.
 
 ``resume``: a resume after 10 and after 1,000 committed batches (``benchmarks/resume.py``).
+
+``fixed``: the fixed cost of a micro-batch, fit over 1, 10 and 100 batches of the 1M archive;
+``scale``: ``replay run`` cold on growing archives, time and peak driver memory
+(``benchmarks/scaling.py``).
 
 ``run``: ``replay run`` against plain Spark batch and Structured Streaming (``bench_run``).
 ``floor``: plain batch against the cheapest possible metadata pass (``bench_floor``).
@@ -93,9 +97,9 @@ def bench_inspect(sizes: list[tuple[int, int]]) -> str:
 
 def bench_inspect_warm(sizes: list[tuple[int, int]], repeats: int = 3) -> str:
     """In one process: the fixed cost (session start, first job) apart from the steady-state scan."""
-    from replay.config import parse_config
-    from replay.inspection import inspect_archive
-    from replay.spark import get_session
+    from replay.core.config import parse_config
+    from replay.engine.inspection import inspect_archive
+    from replay.engine.spark import get_session
 
     start = time.perf_counter()
     spark = get_session()
@@ -125,8 +129,8 @@ def bench_inspect_warm(sizes: list[tuple[int, int]], repeats: int = 3) -> str:
 
 def _session() -> Any:
     """The one warm session ``run`` and ``floor`` measure in: 4 GiB driver, shuffle partitions 2."""
-    from replay.config import SparkSettings
-    from replay.spark import get_session
+    from replay.core.config import SparkSettings
+    from replay.engine.spark import get_session
 
     spark = get_session(SparkSettings(conf={"spark.driver.memory": "4g"}))
     spark.conf.set("spark.sql.shuffle.partitions", "2")
@@ -134,7 +138,7 @@ def _session() -> Any:
 
 
 def _run_config(path: Path, work: Path, max_buffers: int | None) -> Any:
-    from replay.config import parse_config
+    from replay.core.config import parse_config
 
     return parse_config(
         {
@@ -177,7 +181,7 @@ def bench_run(sizes: list[tuple[int, int]], batches_wanted: int = 20, repeats: i
     sys.path.insert(0, str(ROOT))
     from baselines import plain_batch, structured_streaming
 
-    from replay.job import run
+    from replay.runner.loop import run
 
     spark = _session()
     rows = [
@@ -288,7 +292,10 @@ def bench_floor(sizes: list[tuple[int, int]], repeats: int = 4) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "what", nargs="?", default="inspect", choices=["inspect", "inspect-warm", "run", "floor", "resume"]
+        "what",
+        nargs="?",
+        default="inspect",
+        choices=["inspect", "inspect-warm", "run", "floor", "resume", "fixed", "scale"],
     )
     parser.add_argument(
         "--sizes",
@@ -307,6 +314,15 @@ def main() -> None:
         from resume import bench_resume
 
         table = bench_resume(options.histories, DATA, measure)
+    elif options.what in ("fixed", "scale"):
+        sys.path.insert(0, str(ROOT))
+        from scaling import bench_fixed, bench_scale
+
+        if options.what == "fixed":
+            tuples, buffer_tuples = sizes[0]
+            table = bench_fixed(archive(tuples, buffer_tuples, files=40), _run_config, _session(), options.repeats)
+        else:
+            table = bench_scale(sizes, archive, _run_config, measure)
     elif options.what == "run":
         table = bench_run(sizes, repeats=options.repeats)
     elif options.what == "floor":

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from replay.archive import ArchiveLayout
-    from replay.config import JobConfig
+    from replay.core.config import JobConfig
+    from replay.engine.archive import ArchiveLayout
 
 __all__ = ["SuiteInputs"]
 

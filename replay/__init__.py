@@ -2,21 +2,18 @@
 
 The public API is listed here once; everything else is internal. Importing
 ``replay`` is cheap: names are imported from their modules on first use (PEP 562),
-so ``import replay`` (or ``replay.config`` from an Airflow DAG file) loads no pyarrow,
+so ``import replay`` (or ``replay.core.config`` from an Airflow DAG file) loads no pyarrow,
 pandas, Spark or Great Expectations, and Spark sessions start only when a job needs one.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from replay.config import JobConfig, json_schema, load_config, parse_config
-    from replay.digest import digest, show_lines
-    from replay.errors import (
+    from replay.core.config import JobConfig, json_schema, load_config, parse_config
+    from replay.core.errors import (
         ArchiveReadError,
         ArchiveSchemaError,
         BadBufferError,
@@ -33,55 +30,56 @@ if TYPE_CHECKING:
         ReplayError,
         WatermarkRegressionError,
     )
+    from replay.core.progress import ProgressEngine, ProgressSnapshot
+    from replay.engine.inspection import InspectReport, inspect_archive
     from replay.generate import GenerateOptions, GenerateSummary, generate_archive
-    from replay.inspection import InspectReport, inspect_archive
-    from replay.job import RunSummary, run
-    from replay.outputs import list_versions, read_table
-    from replay.progress import ProgressEngine, ProgressSnapshot
-    from replay.publish import PublishOutcome, publish
-    from replay.report import write_report
-    from replay.status import checkpoint_status
-    from replay.validate import ValidationOutcome, validate
+    from replay.quality.report import write_report
+    from replay.quality.validate import ValidationOutcome, validate
+    from replay.runner.loop import RunSummary, run
+    from replay.store.digest import digest, show_lines
+    from replay.store.outputs import list_versions, read_table
+    from replay.store.publish import PublishOutcome, publish
+    from replay.store.status import checkpoint_status
 
 _MODULES = {
-    "ArchiveReadError": "replay.errors",
-    "ArchiveSchemaError": "replay.errors",
-    "BadBufferError": "replay.errors",
-    "CheckpointCorruptError": "replay.errors",
-    "CheckpointStateError": "replay.errors",
-    "ConcurrentWriterError": "replay.errors",
-    "ConfigError": "replay.errors",
-    "ConflictingDuplicateError": "replay.errors",
-    "DataError": "replay.errors",
-    "EmptyArchiveError": "replay.errors",
+    "ArchiveReadError": "replay.core.errors",
+    "ArchiveSchemaError": "replay.core.errors",
+    "BadBufferError": "replay.core.errors",
+    "CheckpointCorruptError": "replay.core.errors",
+    "CheckpointStateError": "replay.core.errors",
+    "ConcurrentWriterError": "replay.core.errors",
+    "ConfigError": "replay.core.errors",
+    "ConflictingDuplicateError": "replay.core.errors",
+    "DataError": "replay.core.errors",
+    "EmptyArchiveError": "replay.core.errors",
     "GenerateOptions": "replay.generate",
     "GenerateSummary": "replay.generate",
-    "IncompatibleCheckpointError": "replay.errors",
-    "InspectReport": "replay.inspection",
-    "JobConfig": "replay.config",
-    "LedgerError": "replay.errors",
-    "ProgressEngine": "replay.progress",
-    "ProgressSnapshot": "replay.progress",
-    "PublicationError": "replay.errors",
-    "PublishOutcome": "replay.publish",
-    "ReplayError": "replay.errors",
-    "RunSummary": "replay.job",
-    "ValidationOutcome": "replay.validate",
-    "WatermarkRegressionError": "replay.errors",
-    "checkpoint_status": "replay.status",
-    "digest": "replay.digest",
+    "IncompatibleCheckpointError": "replay.core.errors",
+    "InspectReport": "replay.engine.inspection",
+    "JobConfig": "replay.core.config",
+    "LedgerError": "replay.core.errors",
+    "ProgressEngine": "replay.core.progress",
+    "ProgressSnapshot": "replay.core.progress",
+    "PublicationError": "replay.core.errors",
+    "PublishOutcome": "replay.store.publish",
+    "ReplayError": "replay.core.errors",
+    "RunSummary": "replay.runner.loop",
+    "ValidationOutcome": "replay.quality.validate",
+    "WatermarkRegressionError": "replay.core.errors",
+    "checkpoint_status": "replay.store.status",
+    "digest": "replay.store.digest",
     "generate_archive": "replay.generate",
-    "inspect_archive": "replay.inspection",
-    "json_schema": "replay.config",
-    "list_versions": "replay.outputs",
-    "load_config": "replay.config",
-    "parse_config": "replay.config",
-    "publish": "replay.publish",
-    "read_table": "replay.outputs",
-    "run": "replay.job",
-    "show_lines": "replay.digest",
-    "validate": "replay.validate",
-    "write_report": "replay.report",
+    "inspect_archive": "replay.engine.inspection",
+    "json_schema": "replay.core.config",
+    "list_versions": "replay.store.outputs",
+    "load_config": "replay.core.config",
+    "parse_config": "replay.core.config",
+    "publish": "replay.store.publish",
+    "read_table": "replay.store.outputs",
+    "run": "replay.runner.loop",
+    "show_lines": "replay.store.digest",
+    "validate": "replay.quality.validate",
+    "write_report": "replay.quality.report",
 }
 
 __all__ = [
@@ -124,19 +122,6 @@ __all__ = [
     "validate",
     "write_report",
 ]
-
-
-class _Package(types.ModuleType):
-    # The import system binds a submodule to its package's namespace once it is loaded; for
-    # ``digest``, ``publish`` and ``validate`` that would hide the function of the same name
-    # (``from replay import validate`` must stay the function, as it was with eager imports).
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _MODULES and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

@@ -2,7 +2,7 @@
 
 ``spark-submit <site-packages>/replay/__main__.py run --config job.yaml`` starts Replay's driver
 on the master spark-submit was given (the Airflow DAGs' ``spark_submit`` engine does this through
-the Spark provider's ``SparkSubmitHook``): ``replay.spark.get_session`` keeps that master and
+the Spark provider's ``SparkSubmitHook``): ``replay.engine.spark.get_session`` keeps that master and
 ignores the job's ``spark.master``.
 """
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from replay.errors import ReplayError
+from replay.core.errors import ReplayError
 
 __all__ = ["app", "main"]
 
@@ -98,7 +98,7 @@ class _Steps:
 
 
 def _load(config: Path | None, archive: str | None) -> Any:
-    from replay.config import load_config, parse_config
+    from replay.core.config import load_config, parse_config
 
     if config is not None:
         job = load_config(config)
@@ -175,7 +175,7 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
 ) -> None:
     """Metadata-only progress analysis: per-origin prefixes, gaps, watermarks; no tuple is aggregated."""
-    from replay.inspection import inspect_archive
+    from replay.engine.inspection import inspect_archive
 
     try:
         job = _load(config, archive)
@@ -207,7 +207,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def _timestamp(value: str | None, option: str) -> int | None:
-    from replay.timeutil import parse_timestamp
+    from replay.core.timeutil import parse_timestamp
 
     if value is None:
         return None
@@ -238,8 +238,8 @@ def run_command(
     ] = None,
 ) -> None:
     """Replay the archive in micro-batches into a new output version, resuming from the checkpoint."""
-    from replay.config import load_config
-    from replay.job import run
+    from replay.core.config import load_config
+    from replay.runner.loop import run
 
     range_start, range_end = _timestamp(start, "--start"), _timestamp(end, "--end")
     try:
@@ -296,7 +296,7 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Checkpoint versions, stream cut, G_k, time window, open windows and pending buffers."""
-    from replay.status import checkpoint_status
+    from replay.store.status import checkpoint_status
 
     try:
         data = checkpoint_status(checkpoint)
@@ -343,7 +343,7 @@ def digest(
     version: Annotated[int | None, typer.Option("--version", help="Version (default: published, else newest).")] = None,
 ) -> None:
     """One line per table: '<table> <sha256>' over its canonical sorted rows (docs/cli.md#replay-digest)."""
-    from replay.digest import digest as digest_output
+    from replay.store.digest import digest as digest_output
 
     try:
         digests = digest_output(output, version)
@@ -361,7 +361,7 @@ def show(
     version: Annotated[int | None, typer.Option("--version", help="Version (default: published, else newest).")] = None,
 ) -> None:
     """Print a table's rows sorted by all columns, timestamps as ISO 8601 UTC with milliseconds."""
-    from replay.digest import show_lines
+    from replay.store.digest import show_lines
 
     try:
         lines = show_lines(output, table, fmt=fmt, version=version)
@@ -380,7 +380,7 @@ def validate(
     ] = None,
 ) -> None:
     """Run the Great Expectations suites on a version, write Data Docs; exit 1 when an expectation fails."""
-    from replay.validate import validate as run_validation
+    from replay.quality.validate import validate as run_validation
 
     try:
         with _Steps({}) as steps:
@@ -422,7 +422,7 @@ def publish(
     ] = None,
 ) -> None:
     """Make a validated version the current publication (atomically), with its corrections."""
-    from replay.publish import publish as publish_version
+    from replay.store.publish import publish as publish_version
 
     try:
         outcome = publish_version(output, version, retain_versions=retain)
@@ -449,7 +449,7 @@ def report(
     version: Annotated[int | None, typer.Option("--version", help="Version (default: published, else newest).")] = None,
 ) -> None:
     """Write a self-contained HTML report (watermarks, lateness, integrity, validation, corrections); print its path."""
-    from replay.report import write_report
+    from replay.quality.report import write_report
 
     try:
         path = write_report(output, checkpoint, to, version=version)

@@ -1,6 +1,6 @@
 """Synthetic archives for ``replay generate``: buffers with chosen gaps, copies, disorder and late data.
 
-All times are integer microseconds since the epoch, UTC (see ``replay.timeutil``). The archive follows
+All times are integer microseconds since the epoch, UTC (see ``replay.core.timeutil``). The archive follows
 docs/archive.md#columns with the default column names, one row per tuple:
 
 ``origin_id`` int64 (1..N), ``sequence_number`` int64, ``chunk_number`` int32, ``last_chunk`` bool,
@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from replay.timeutil import MICROS_PER_SECOND
+from replay.core.timeutil import MICROS_PER_SECOND
 
 __all__ = ["DEFAULT_START", "GenerateOptions", "GenerateSummary", "generate_archive"]
 

@@ -30,8 +30,8 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from replay.core.timeutil import from_datetime
 from replay.generate import GenerateOptions
-from replay.timeutil import from_datetime
 
 __all__ = [
     "ARCHIVE_TYPES",

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 if TYPE_CHECKING:
-    from replay.config import JobConfig
-    from replay.validate import ValidationOutcome
+    from replay.core.config import JobConfig
+    from replay.quality.validate import ValidationOutcome
 
 from tests import _background
 
@@ -47,7 +47,7 @@ def spark() -> Iterator[object]:
     """The one local SparkSession of a test run (2 cores, small shuffles, UTC)."""
     from pyspark.sql import SparkSession
 
-    # Python workers (the scan and the batch pass's writer) run this interpreter, as replay.spark sets it.
+    # Python workers (the scan and the batch pass's writer) run this interpreter, as replay.engine.spark sets it.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     session = (
         SparkSession.builder.master("local[2]")
@@ -56,7 +56,7 @@ def spark() -> Iterator[object]:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.python.sql.dataFrameDebugging.enabled", "false")  # as replay.spark sets it
+        .config("spark.python.sql.dataFrameDebugging.enabled", "false")  # as replay.engine.spark sets it
         .config("spark.default.parallelism", "2")
         .config("spark.driver.memory", "2g")
         .getOrCreate()
@@ -118,7 +118,7 @@ def validated_run(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> tuple
     change it: a test that breaks, re-runs or publishes it works on a ``shutil.copytree`` copy.
     """
     from replay import GenerateOptions, generate_archive, run
-    from replay.validate import validate
+    from replay.quality.validate import validate
 
     root = tmp_path_factory.mktemp("validated")
     archive = root / "archive"

@@ -25,7 +25,7 @@ import pytest
 
 from replay import GenerateOptions, digest, generate_archive, parse_config, run
 from replay.generate import DEFAULT_START
-from replay.outputs import current_version, latest_run_version, read_validation
+from replay.store.outputs import current_version, latest_run_version, read_validation
 from tests import _background
 from tests._airflow_stack import CHROMIUM, Response, Stack, airflow_stack, chromium_page
 from tests.test_dags_e2e import BACKFILL_ARCHIVE, JOB, WINDOWS
@@ -235,7 +235,7 @@ def _scheduled_runs(stack: Stack, jwt: str, root: Path, work: Path, new_files: l
     """Through the scheduler: replay_scheduled's first run (its schedule fired when it was unpaused), the
     quality report it triggers, the watermark gate deferred to the triggerer, two runs queued at once after
     new files arrived, then the Replays page in Chromium."""
-    from replay.timeutil import format_ts
+    from replay.core.timeutil import format_ts
     from replay_airflow.hooks import CheckpointHook
 
     begin = time.monotonic()

@@ -9,11 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from replay import errors
-from replay.archive import discover_files, inspect_schema, resolve_lateness
-from replay.buffers import scan_buffers
-from replay.config import parse_config
-from replay.errors import (
+from replay.core import errors
+from replay.core.config import parse_config
+from replay.core.errors import (
     ArchiveReadError,
     ArchiveSchemaError,
     BadBufferError,
@@ -22,6 +20,8 @@ from replay.errors import (
     EmptyArchiveError,
     ReplayError,
 )
+from replay.engine.archive import discover_files, inspect_schema, resolve_lateness
+from replay.engine.buffers import scan_buffers
 
 pytestmark = pytest.mark.spark
 

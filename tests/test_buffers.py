@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from replay.archive import inspect_schema
-from replay.buffers import scan_buffers
-from replay.config import parse_config
+from replay.core.config import parse_config
+from replay.engine.archive import inspect_schema
+from replay.engine.buffers import scan_buffers
 
 pytestmark = pytest.mark.spark
 
@@ -148,7 +148,7 @@ def _rows(origin: int, sequences: list[int], values: list[int]) -> pa.Table:
 
 
 def test_the_file_cache_skips_known_files_and_rescans_a_file_rewritten_in_place(tmp_path: Path, spark: Any) -> None:
-    from replay._scan import FileCache
+    from replay.engine.scan import FileCache
 
     archive = tmp_path / "archive"
     archive.mkdir()

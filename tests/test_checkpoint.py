@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from replay.checkpoint import RECORD_FORMAT_VERSION, CheckpointStore, read_record, write_record
-from replay.errors import CheckpointCorruptError, CheckpointStateError
-from replay.records import Commit, EngineSnapshot, LogEntry, LogPointer
+from replay.core.errors import CheckpointCorruptError, CheckpointStateError
+from replay.store.checkpoint import RECORD_FORMAT_VERSION, CheckpointStore, read_record, write_record
+from replay.store.records import Commit, EngineSnapshot, LogEntry, LogPointer
 
 
 def test_a_record_reads_back_as_written(tmp_path: Path) -> None:

@@ -30,11 +30,11 @@ from typing import Any
 import pytest
 import yaml
 
-from replay.config import load_config
-from replay.digest import digest
+from replay.core.config import load_config
 from replay.generate import generate_archive
-from replay.job import run
-from replay.outputs import current_version, latest_run_version, read_manifest, read_validation
+from replay.runner.loop import run
+from replay.store.digest import digest
+from replay.store.outputs import current_version, latest_run_version, read_manifest, read_validation
 from tests import _background
 from tests._airflow import SPARK_CONF, make_home
 from tests._archives import FEATURED

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from replay.config import JobConfig, json_schema, load_config, parse_config
-from replay.errors import ConfigError
+from replay.core.config import JobConfig, json_schema, load_config, parse_config
+from replay.core.errors import ConfigError
 
 README_EXAMPLE = """
 archive: data/archive

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from replay import GenerateOptions, digest, generate_archive, parse_config, run
-from replay.outputs import current_version, latest_run_version, read_manifest, read_validation
-from replay.timeutil import format_ts
+from replay.core.timeutil import format_ts
+from replay.store.outputs import current_version, latest_run_version, read_manifest, read_validation
 from tests._airflow import AIRFLOW, SPARK_CONF, AirflowHome, make_home
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replay.digest import canonical_lines, digest, show_lines, table_digest
-from replay.errors import ConfigError
-from replay.outputs import TABLES, write_manifest
-from replay.timeutil import NEG_INF, format_ts, parse_timestamp
+from replay.core.errors import ConfigError
+from replay.core.timeutil import NEG_INF, format_ts, parse_timestamp
+from replay.store.digest import canonical_lines, digest, show_lines, table_digest
+from replay.store.outputs import TABLES, write_manifest
 
 MINUTE = 60_000_000
 T0 = parse_timestamp("2026-01-01T00:00:00Z")
@@ -122,7 +122,7 @@ def test_timestamps_show_in_milliseconds_and_hash_in_microseconds(micros: int, s
     table = pa.table({"t": pa.array([micros], TS)})
     assert parsed(table) == [{"t": shown}]
     assert parsed(table, precise=True) == [{"t": hashed}]
-    assert shown == format_ts(micros)  # one text form with replay.timeutil
+    assert shown == format_ts(micros)  # one text form with replay.core.timeutil
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The Spark path (footers, Spark buffer scan, progress engine) against ``replay.reference``.
+"""The Spark path (footers, Spark buffer scan, progress engine) against ``replay.reference.model``.
 
 Hypothesis draws small archives with chunked sequences out of order, gaps, idle
 markers, duplicates across and within files, conflicts, regressions and
@@ -20,12 +20,12 @@ from _archives import Nanos, buffer_rows, write_archive
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from replay.archive import inspect_schema, resolve_lateness
-from replay.buffers import scan_buffers
-from replay.config import JobConfig, parse_config
-from replay.errors import ReplayError
-from replay.inspection import track_progress
-from replay.reference import run_reference
+from replay.core.config import JobConfig, parse_config
+from replay.core.errors import ReplayError
+from replay.engine.archive import inspect_schema, resolve_lateness
+from replay.engine.buffers import scan_buffers
+from replay.engine.inspection import track_progress
+from replay.reference.model import run_reference
 
 pytestmark = pytest.mark.spark
 

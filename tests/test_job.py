@@ -21,15 +21,15 @@ import pyarrow.parquet as pq
 import pytest
 from test_job_vs_reference import job_view, reference_view
 
-from replay.archive import inspect_schema
-from replay.buffers import scan_buffers
-from replay.config import JobConfig, parse_config
-from replay.digest import canonical_lines, digest
-from replay.errors import ConfigError, ConflictingDuplicateError, IncompatibleCheckpointError
+from replay.core.config import JobConfig, parse_config
+from replay.core.errors import ConfigError, ConflictingDuplicateError, IncompatibleCheckpointError
+from replay.core.timeutil import parse_timestamp
+from replay.engine.archive import inspect_schema
+from replay.engine.buffers import scan_buffers
 from replay.generate import GenerateOptions, generate_archive
-from replay.job import run
-from replay.outputs import read_table
-from replay.timeutil import parse_timestamp
+from replay.runner.loop import run
+from replay.store.digest import canonical_lines, digest
+from replay.store.outputs import read_table
 from tests._archives import FEATURED
 
 pytestmark = pytest.mark.spark

@@ -22,13 +22,13 @@ from typing import Any
 import pytest
 import yaml
 
-from replay import _state
-from replay.checkpoint import CheckpointStore
-from replay.config import load_config
-from replay.digest import digest
-from replay.errors import ConcurrentWriterError
+from replay.core.config import load_config
+from replay.core.errors import ConcurrentWriterError
 from replay.generate import GenerateOptions, generate_archive
-from replay.job import run
+from replay.runner.loop import run
+from replay.store import state as _state
+from replay.store.checkpoint import CheckpointStore
+from replay.store.digest import digest
 
 pytestmark = pytest.mark.spark
 
@@ -147,14 +147,14 @@ def test_sigkill_at_each_point_then_resume_equals_an_uninterrupted_run(
 
 
 def _kept_buffers(spark: Any, config: Any) -> Any:
-    from replay.archive import inspect_schema
-    from replay.buffers import scan_buffers
+    from replay.engine.archive import inspect_schema
+    from replay.engine.buffers import scan_buffers
 
     return scan_buffers(spark, inspect_schema(config), config).buffers
 
 
 def _referenced_outputs(output: str) -> set[str]:
-    from replay.outputs import latest_version, read_manifest
+    from replay.store.outputs import latest_version, read_manifest
 
     version = latest_version(output)
     assert version is not None
@@ -190,7 +190,7 @@ def test_a_second_writer_is_refused_naming_the_holder(archive: Path, tmp_path: P
             sys.executable,
             "-c",
             "import sys, time\n"
-            "from replay.checkpoint import CheckpointStore\n"
+            "from replay.store.checkpoint import CheckpointStore\n"
             "with CheckpointStore(sys.argv[1]).lock('replay run (test holder)'):\n"
             "    print('locked', flush=True)\n"
             "    time.sleep(600)\n",

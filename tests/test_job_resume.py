@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from _archives import buffer_rows, write_archive
 
-from replay.config import JobConfig, parse_config
-from replay.digest import digest
-from replay.job import run
-from replay.timeutil import parse_timestamp
+from replay.core.config import JobConfig, parse_config
+from replay.core.timeutil import parse_timestamp
+from replay.runner.loop import run
+from replay.store.digest import digest
 
 pytestmark = pytest.mark.spark
 

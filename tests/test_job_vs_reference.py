@@ -1,4 +1,4 @@
-"""``replay run`` (micro-batches, checkpoints, Spark window work) against ``replay.reference``.
+"""``replay run`` (micro-batches, checkpoints, Spark window work) against ``replay.reference.model``.
 
 Hypothesis draws the same small, nasty archives as ``test_engine_vs_reference``
 (chunks out of order, gaps, idle markers, duplicates, conflicts, regressions,
@@ -25,12 +25,12 @@ from hypothesis import Phase, event, given, settings
 from hypothesis import strategies as st
 from test_engine_vs_reference import archives
 
-from replay.config import JobConfig, parse_config
-from replay.errors import ReplayError
-from replay.job import run
-from replay.outputs import read_table
-from replay.reference import run_reference
-from replay.timeutil import from_datetime
+from replay.core.config import JobConfig, parse_config
+from replay.core.errors import ReplayError
+from replay.core.timeutil import from_datetime
+from replay.reference.model import run_reference
+from replay.runner.loop import run
+from replay.store.outputs import read_table
 
 pytestmark = pytest.mark.spark
 

@@ -14,11 +14,11 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from replay.archive import inspect_schema, resolve_lateness
-from replay.buffers import scan_buffers
-from replay.config import parse_config
+from replay.core.config import parse_config
+from replay.engine.archive import inspect_schema, resolve_lateness
+from replay.engine.buffers import scan_buffers
+from replay.engine.inspection import track_progress
 from replay.generate import GenerateOptions, generate_archive
-from replay.inspection import track_progress
 
 pytestmark = pytest.mark.spark
 

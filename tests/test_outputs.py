@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from replay.errors import DataError
-from replay.outputs import FORMAT_VERSION, read_manifest, write_manifest
+from replay.core.errors import DataError
+from replay.store.outputs import FORMAT_VERSION, read_manifest, write_manifest
 
 
 def test_a_manifest_reads_back_as_written(tmp_path: Path) -> None:

@@ -1,12 +1,12 @@
-"""The batch plan (replay._plan): cuts by buffer and tuple bounds, a redone first batch, range relevance."""
+"""The batch plan (replay.runner.plan): cuts by buffer and tuple bounds, a redone first batch, range relevance."""
 
 from __future__ import annotations
 
 import pytest
 
-from replay._plan import plan_batches, relevant
-from replay.buffers import Buffer
-from replay.config import parse_config
+from replay.core.buffer import Buffer
+from replay.core.config import parse_config
+from replay.runner.plan import plan_batches, relevant
 
 
 def _buf(seq: int, tuples: int, lo: int | None = None, hi: int | None = None) -> Buffer:

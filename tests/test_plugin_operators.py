@@ -11,7 +11,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
-from replay.outputs import current_version
+from replay.store.outputs import current_version
 from replay_airflow import PUBLISHED_WINDOWS, ReplayPublishOperator, ReplayValidateOperator
 
 pytestmark = pytest.mark.spark  # through the session's validated output

@@ -12,8 +12,8 @@ import yaml
 from airflow.sdk.definitions.param import ParamsDict
 from airflow.sdk.exceptions import ParamValidationError
 
-from replay.config import JobConfig, parse_config
-from replay.errors import ConfigError
+from replay.core.config import JobConfig, parse_config
+from replay.core.errors import ConfigError
 from replay_airflow.params import FORM_FIELDS, job_params, param_schemas, resolve_job
 from replay_airflow.roots import PathOutsideRootError, Roots
 

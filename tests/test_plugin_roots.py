@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from replay.errors import ConfigError
+from replay.core.errors import ConfigError
 from replay_airflow.roots import PathOutsideRootError, Roots
 
 

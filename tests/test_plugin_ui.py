@@ -41,8 +41,8 @@ def replays(tmp_path_factory: pytest.TempPathFactory, validated_run: Any) -> tup
     """Two replays under a checkpoint root: "daily", a copy of the session's validated replay whose output
     (copied too, with a report) is under the output root and whose DAG run the plugin recorded, finished;
     and "partial", a copy whose last batch did not finish its run (as after a kill)."""
-    from replay.archive import inspect_schema
-    from replay.checkpoint import CheckpointStore, write_record
+    from replay.engine.archive import inspect_schema
+    from replay.store.checkpoint import CheckpointStore, write_record
     from replay_airflow.records import record_task
 
     config, _ = validated_run
@@ -141,7 +141,7 @@ def test_the_json_lists_every_replay_with_its_progress(server: str, replays: tup
 def test_each_replay_links_its_report_data_docs_and_the_dag_runs_that_wrote_it(
     server: str, replays: tuple[Path, dict[str, Any]]
 ) -> None:
-    from replay.validate import DOCS_INDEX
+    from replay.quality.validate import DOCS_INDEX
     from replay_airflow.ui import DATA_DOCS_INDEX
 
     _, facts = replays
@@ -189,8 +189,8 @@ def test_the_lag_of_g_k_behind_the_newest_archived_watermark(server: str, replay
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from replay.archive import discover_files
-    from replay.timeutil import format_ts, parse_timestamp
+    from replay.core.timeutil import format_ts, parse_timestamp
+    from replay.engine.archive import discover_files
 
     _, facts = replays
     rows = {

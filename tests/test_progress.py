@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replay.buffers import Buffer
-from replay.errors import WatermarkRegressionError
-from replay.progress import BEHIND_GLOBAL, BEHIND_ORIGIN, KeySettings, ProgressEngine, arrival_order
-from replay.timeutil import NEG_INF
+from replay.core.buffer import Buffer
+from replay.core.errors import WatermarkRegressionError
+from replay.core.progress import BEHIND_GLOBAL, BEHIND_ORIGIN, KeySettings, ProgressEngine, arrival_order
+from replay.core.timeutil import NEG_INF
 
 
 def buf(
@@ -312,7 +312,7 @@ def test_a_snapshot_restored_into_a_new_engine_continues_exactly(
     import tempfile
     from pathlib import Path
 
-    from replay import _state
+    from replay.store import state as _state
 
     origins = tuple(sorted({b.origin for b in buffers}))
     ordered = arrival_order(buffers) if mode == "arrival" else buffers

@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from replay import parse_config, run
-from replay.config import JobConfig
-from replay.errors import PublicationError
-from replay.outputs import current_version, list_versions, read_manifest, read_table
-from replay.publish import publish
-from replay.validate import ValidationOutcome, validate
+from replay.core.config import JobConfig
+from replay.core.errors import PublicationError
+from replay.quality.validate import ValidationOutcome, validate
+from replay.store.outputs import current_version, list_versions, read_manifest, read_table
+from replay.store.publish import publish
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -184,7 +184,7 @@ def test_a_range_backfill_after_a_buffer_was_added_corrects_exactly_the_changed_
 
 @pytest.mark.parametrize("time_unit", ["native", "ms"])
 def test_a_range_replaces_the_late_rows_whose_own_key_event_time_is_inside_it(time_unit: str) -> None:
-    from replay.publish import _late_in_range
+    from replay.store.publish import _late_in_range
 
     config = parse_config(
         {

@@ -27,13 +27,13 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from replay.config import parse_config
-from replay.errors import ConfigError
+from replay.core.config import parse_config
+from replay.core.errors import ConfigError
 from replay.generate import GenerateOptions, generate_archive
-from replay.job import run
-from replay.outputs import read_manifest, read_table, write_manifest, write_validation
-from replay.publish import publish
-from replay.report import write_report
+from replay.quality.report import write_report
+from replay.runner.loop import run
+from replay.store.outputs import read_manifest, read_table, write_manifest, write_validation
+from replay.store.publish import publish
 
 CHROMIUM = Path("/usr/bin/chromium")
 SECTIONS = ["Summary", "Watermark timeline", "Lateness", "Integrity", "Validation", "Corrections"]
@@ -559,7 +559,7 @@ def test_a_hand_built_version_with_two_keys_many_origins_and_a_long_integrity_ta
 
 def test_importing_the_report_module_loads_no_plotting_or_templating() -> None:
     code = (
-        "import sys, replay.report; "
+        "import sys, replay.quality.report; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'matplotlib', 'jinja2', 'pyspark', 'PIL'}))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -21,14 +21,14 @@ import pytest
 from _archives import Nanos, buffer_rows, write_archive
 from typer.testing import CliRunner
 
-from replay import aggregate, buffers
 from replay.cli import app
-from replay.config import JobConfig, parse_config
-from replay.digest import canonical_lines, digest
-from replay.job import run
-from replay.outputs import read_table
-from replay.timeutil import parse_timestamp
-from replay.validate import validate
+from replay.core.config import JobConfig, parse_config
+from replay.core.timeutil import parse_timestamp
+from replay.engine import aggregate, buffers
+from replay.quality.validate import validate
+from replay.runner.loop import run
+from replay.store.digest import canonical_lines, digest
+from replay.store.outputs import read_table
 
 pytestmark = pytest.mark.spark
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from replay.timeutil import NEG_INF, format_duration, format_ts, minus, parse_duration, parse_timestamp
+from replay.core.timeutil import NEG_INF, format_duration, format_ts, minus, parse_duration, parse_timestamp
 
 
 @pytest.mark.parametrize(

@@ -15,10 +15,10 @@ import pytest
 from typer.testing import CliRunner
 
 from replay.cli import app
-from replay.config import JobConfig
-from replay.errors import CheckpointStateError
-from replay.outputs import latest_version, read_manifest, read_table, read_validation
-from replay.validate import ValidationOutcome, validate
+from replay.core.config import JobConfig
+from replay.core.errors import CheckpointStateError
+from replay.quality.validate import ValidationOutcome, validate
+from replay.store.outputs import latest_version, read_manifest, read_table, read_validation
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""Window kinds (replay.window_kinds) against the reference model's own window formula."""
+"""Window kinds (replay.core.window_kinds) against the reference model's own window formula."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replay._reference_windows import window_starts
-from replay.config import WindowSpec
-from replay.vocabulary import WindowKind
-from replay.window_kinds import SHAPES, shape_of
+from replay.core.config import WindowSpec
+from replay.core.vocabulary import WindowKind
+from replay.core.window_kinds import SHAPES, shape_of
+from replay.reference.windows import window_starts
 
 TIMES = st.integers(min_value=-(10**15), max_value=10**15)
 

@@ -85,8 +85,8 @@ class CheckpointHook(BaseHook):
         Raises:
             ConfigError: no committed checkpoint here.
         """
-        from replay.outputs import current_version, latest_run_version, read_validation
-        from replay.status import checkpoint_status
+        from replay.store.outputs import current_version, latest_run_version, read_validation
+        from replay.store.status import checkpoint_status
 
         status = checkpoint_status(self.checkpoint)
         holder = self.holder()
@@ -108,12 +108,12 @@ class CheckpointHook(BaseHook):
         Raises:
             ConfigError: ``key`` is not a key of this job, or ``None`` for a job with several keys.
         """
-        from replay.errors import ConfigError, Location
-        from replay.timeutil import parse_timestamp
+        from replay.core.errors import ConfigError, Location
+        from replay.core.timeutil import parse_timestamp
 
         if not self.exists():
             return None
-        from replay.status import checkpoint_status
+        from replay.store.status import checkpoint_status
 
         keys = {k["key"]: k["global"] for k in checkpoint_status(self.checkpoint)["keys"]}
         if key is None and len(keys) == 1:

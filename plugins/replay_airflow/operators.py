@@ -35,7 +35,7 @@ def task_errors() -> Iterator[None]:
     """Turn replay's input and configuration errors into failures Airflow does not retry."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from replay.errors import ConfigError, DataError
+    from replay.core.errors import ConfigError, DataError
 
     try:
         yield
@@ -137,7 +137,7 @@ class ReplayPlanOperator(BaseOperator):
                 result["inspection"] = summary
             else:
                 # Footers only: the archive's files and schema are checked without Spark.
-                from replay.archive import inspect_schema, resolve_lateness
+                from replay.engine.archive import inspect_schema, resolve_lateness
 
                 layout = inspect_schema(resolved.config, on_file=_Progress(self.log).files)
                 summary = {
@@ -236,8 +236,8 @@ class ReplayRunOperator(BaseOperator):
         from airflow.sdk.exceptions import AirflowFailException
 
         import replay
-        from replay.spark import driver_java_options
-        from replay.timeutil import format_ts
+        from replay.core.timeutil import format_ts
+        from replay.engine.spark import driver_java_options
 
         python = sys.executable
         with tempfile.TemporaryDirectory(prefix="replay-submit-") as tmp:
@@ -304,7 +304,7 @@ class _OutputOperator(BaseOperator):
         With ``from_asset_events``, the newest triggering Asset event that names an output wins
         over ``output_dir``; its path is still checked against the output root.
         """
-        from replay.errors import ConfigError, Location
+        from replay.core.errors import ConfigError, Location
         from replay_airflow.roots import configured_roots
 
         source = dict(self.source or {})
@@ -363,8 +363,8 @@ class ReplayValidateOperator(_OutputOperator):
         from airflow.sdk.exceptions import AirflowFailException
 
         from replay import validate
-        from replay.errors import ConfigError, Location
-        from replay.outputs import current_version, latest_run_version, read_validation
+        from replay.core.errors import ConfigError, Location
+        from replay.store.outputs import current_version, latest_run_version, read_validation
 
         with task_errors():
             output, version = self._target(context)

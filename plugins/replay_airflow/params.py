@@ -1,6 +1,6 @@
 """The DAGs' trigger form, generated from the job configuration's JSON schema, and its way back to a job.
 
-``job_params`` turns ``replay.config.json_schema()`` (the pydantic model's schema) into Airflow
+``job_params`` turns ``replay.core.config.json_schema()`` (the pydantic model's schema) into Airflow
 ``Param`` objects, one per top-level setting, so the form, Airflow's own validation of a trigger
 and the YAML job file all follow one model (docs/configuration.md). References (``$ref``) are inlined,
 because Airflow validates each param against its own schema. ``spark`` becomes ``spark_master``
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from replay.config import JobConfig
+    from replay.core.config import JobConfig
     from replay_airflow.roots import Roots
 
 __all__ = ["ENGINES", "FORM_FIELDS", "ResolvedJob", "job_params", "param_schemas", "resolve_job"]
@@ -82,7 +82,7 @@ def _inline(node: Any, defs: Mapping[str, Any]) -> Any:
 
 def param_schemas() -> dict[str, dict[str, Any]]:
     """The JSON schema of every form field (``$ref``-free), in form order."""
-    from replay.config import json_schema
+    from replay.core.config import json_schema
 
     schema = json_schema()
     defs = schema.get("$defs", {})
@@ -176,7 +176,7 @@ class ResolvedJob:
     engine: str = ENGINES[0]  # one of ENGINES
 
     def to_xcom(self) -> dict[str, Any]:
-        from replay.timeutil import format_ts
+        from replay.core.timeutil import format_ts
 
         return {
             "config": self.config.model_dump(mode="json"),
@@ -188,8 +188,8 @@ class ResolvedJob:
 
     @classmethod
     def from_xcom(cls, data: Mapping[str, Any]) -> ResolvedJob:
-        from replay.config import parse_config
-        from replay.timeutil import parse_timestamp
+        from replay.core.config import parse_config
+        from replay.core.timeutil import parse_timestamp
 
         return cls(
             config=parse_config(dict(data["config"]), source="the plan task's result"),
@@ -201,8 +201,8 @@ class ResolvedJob:
 
 
 def _bound(params: Mapping[str, Any], name: str) -> int | None:
-    from replay.errors import ConfigError, Location
-    from replay.timeutil import parse_timestamp
+    from replay.core.errors import ConfigError, Location
+    from replay.core.timeutil import parse_timestamp
 
     value = params.get(name)
     if value in (None, ""):
@@ -234,10 +234,10 @@ def resolve_job(
         PathOutsideRootError: a path is outside its root.
         ConfigError: a setting is invalid (the message names each), or the range is.
     """
-    from replay.config import parse_config
-    from replay.errors import ConfigError, Location
-    from replay.job import default_checkpoint
-    from replay.timeutil import format_ts, from_datetime
+    from replay.core.config import parse_config
+    from replay.core.errors import ConfigError, Location
+    from replay.core.timeutil import format_ts, from_datetime
+    from replay.runner.loop import default_checkpoint
 
     known = set(param_schemas())
     unknown = sorted(set(params) - known)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from replay.errors import ConfigError, Location
+from replay.core.errors import ConfigError, Location
 
 __all__ = ["PathOutsideRootError", "Roots", "configured_roots"]
 

@@ -49,8 +49,8 @@ class WatermarkSensor(BaseSensorOperator):
         self.deferrable = deferrable
 
     def _resolved(self) -> tuple[str, int]:
-        from replay.errors import ConfigError, Location
-        from replay.timeutil import parse_timestamp
+        from replay.core.errors import ConfigError, Location
+        from replay.core.timeutil import parse_timestamp
         from replay_airflow.roots import configured_roots
 
         checkpoint = configured_roots().resolve("checkpoint", self.checkpoint, param="checkpoint")

@@ -54,8 +54,8 @@ class WatermarkTrigger(BaseTrigger):  # type: ignore[misc]  # BaseTrigger is unt
         )
 
     async def run(self) -> AsyncIterator[Any]:
-        from replay.errors import ReplayError
-        from replay.timeutil import format_ts
+        from replay.core.errors import ReplayError
+        from replay.core.timeutil import format_ts
 
         readings = 0
         while True:

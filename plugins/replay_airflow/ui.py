@@ -47,7 +47,7 @@ __all__ = ["DATA_DOCS_INDEX", "REPORT_INDEX", "app", "list_replays", "requires_r
 requires_read = requires_access_view(AccessView.WEBSITE)
 
 #: Under an output: the HTML report (``replay.write_report``'s default) and the Data Docs' index
-#: (``replay.validate.DOCS_INDEX``; not imported here: that module loads Great Expectations).
+#: (``replay.quality.validate.DOCS_INDEX``; not imported here: that module loads Great Expectations).
 REPORT_INDEX = "_report/index.html"
 DATA_DOCS_INDEX = "_validation/gx/uncommitted/data_docs/local_site/index.html"
 _DATA_DOCS_SITE = ("_validation", "gx", "uncommitted", "data_docs")
@@ -115,9 +115,9 @@ def _file_max(path: str, column: str, unit: str) -> int | None:
 
 def _lag(status: dict[str, Any], archive: dict[str, Any] | None, archive_root: str) -> dict[str, Any]:
     """Per key: ``G_k``, the newest archived watermark and the lag between them, and where the newest came from."""
-    from replay.archive import discover_files
-    from replay.errors import ReplayError
-    from replay.timeutil import format_ts, parse_timestamp
+    from replay.core.errors import ReplayError
+    from replay.core.timeutil import format_ts, parse_timestamp
+    from replay.engine.archive import discover_files
 
     keys = [{"key": k["key"], "global": k["global"], "newest": None, "lag_seconds": None} for k in status["keys"]]
     path = str((archive or {}).get("path") or "")
@@ -217,7 +217,7 @@ def list_replays(mount: str = "") -> dict[str, Any]:
 
     ``mount``: the path the app is mounted at (links to ``/files/`` start with it).
     """
-    from replay.errors import ReplayError
+    from replay.core.errors import ReplayError
     from replay_airflow.hooks import CheckpointHook, find_checkpoints
     from replay_airflow.records import read_record
     from replay_airflow.roots import configured_roots

@@ -1,0 +1,587 @@
+"""Progress per origin and watermark key (docs/semantics.md#progress and on), over buffer metadata only.
+
+``ProgressEngine`` consumes buffers (in arrival order in arrival mode, in any
+order in origin mode) and tracks, per origin, the complete sequence prefix and
+the sequence watermarks per key; per key, the global watermark with idleness,
+the all-idle flush and the left-out rule; and per buffer, the lateness
+threshold its tuples are compared with (a ``Decision``). ``docs/semantics.md``
+pins down every choice; ``replay.reference.model`` is the independent model the
+tests compare this engine with.
+
+The engine works buffer by buffer so that a micro-batch run can feed it batch
+after batch; ``finish`` ends a run (``gap_policy: skip`` acts there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from replay.core.errors import BadBufferError, Location, WatermarkRegressionError
+from replay.core.timeutil import NEG_INF, format_ts, minus
+from replay.core.vocabulary import Lateness, LateReason
+
+if TYPE_CHECKING:
+    from replay.core.buffer import Buffer
+
+__all__ = [
+    "BEHIND_GLOBAL",
+    "BEHIND_ORIGIN",
+    "Decision",
+    "KeyProgress",
+    "KeySettings",
+    "OriginProgress",
+    "ProgressEngine",
+    "ProgressSnapshot",
+    "Regression",
+    "Skipped",
+    "arrival_order",
+]
+
+_NEVER = 2**63  # beyond every timestamp
+
+BEHIND_ORIGIN = LateReason.BEHIND_ORIGIN
+BEHIND_GLOBAL = LateReason.BEHIND_GLOBAL
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeySettings:
+    """What the engine needs of a watermark key.
+
+    ``derived``: event-time watermarks (max event time of the tuples), which never regress.
+    ``allowed_lateness`` in microseconds.
+    """
+
+    name: str
+    allowed_lateness: int = 0
+    derived: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """The lateness thresholds of one buffer's tuples, one per key.
+
+    A tuple is late for key ``k`` when its ``k`` event time is strictly below
+    ``thresholds[k]``; ``reasons[k]`` is the reason written to the ``late`` table.
+    """
+
+    origin: int
+    sequence: int
+    chunk: int
+    thresholds: tuple[int, ...]
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Regression:
+    """A sequence watermark below its predecessor's. ``action``: clamped, or held (inspect under fail)."""
+
+    origin: int
+    sequence: int
+    key: str
+    watermark: int
+    previous: int
+    action: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Skipped:
+    """A sequence closed by ``gap_policy: skip``: data loss. ``chunks``: the chunks it had."""
+
+    origin: int
+    sequence: int
+    chunks: tuple[int, ...]
+
+    @property
+    def missing(self) -> bool:
+        return not self.chunks
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OriginProgress:
+    origin: int
+    key: str
+    complete_prefix: int
+    local_watermark: int
+    pending_buffers: int
+    idle: bool
+    counted: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeyProgress:
+    """Per key: ``G_k``, ``E_k = G_k - allowed_lateness`` and the reader time window (inclusive bounds)."""
+
+    key: str
+    global_watermark: int
+    effective_watermark: int
+    time_window: tuple[int, int] | None
+    participants: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProgressSnapshot:
+    """The engine's state as values, for reports, checkpoints and tests."""
+
+    mode: str
+    origins: tuple[OriginProgress, ...]
+    keys: tuple[KeyProgress, ...]
+    stream_cut: dict[int, tuple[int, int]]
+    gaps: tuple[tuple[int, int], ...]
+    incomplete: tuple[tuple[int, int], ...]
+    skipped: tuple[Skipped, ...]
+    regressions: tuple[Regression, ...]
+
+    def key(self, name: str) -> KeyProgress:
+        return next(k for k in self.keys if k.key == name)
+
+    def origin(self, origin: int, key: str) -> OriginProgress:
+        return next(o for o in self.origins if o.origin == origin and o.key == key)
+
+
+def arrival_order(buffers: Iterable[Buffer]) -> list[Buffer]:
+    """Buffers sorted by (``ingest_ts``, origin, sequence, chunk): the arrival order of docs/semantics.md#lateness."""
+    return sorted(buffers, key=lambda b: (b.ingest if b.ingest is not None else NEG_INF, b.identity))
+
+
+class _Origin:
+    __slots__ = ("blocked", "cut", "id", "idle_marker", "last", "last_ingest", "max_seq", "pending", "prefix", "wm")
+
+    def __init__(self, origin: int, nkeys: int) -> None:
+        self.id = origin
+        self.prefix = 0
+        self.wm: list[int] = [NEG_INF] * nkeys  # W_k(o, prefix)
+        self.pending: dict[int, dict[int, Buffer]] = {}  # sequence > prefix -> chunk -> buffer
+        self.last: dict[int, int] = {}  # sequence -> its last chunk number
+        self.max_seq = 0
+        self.cut: tuple[int, int] | None = None
+        self.last_ingest: int | None = None
+        self.idle_marker = False
+        self.blocked: int | None = None  # inspect under 'fail': the regressing sequence
+
+
+class ProgressEngine:
+    """Incremental progress tracking over buffer metadata.
+
+    Args:
+        keys: the watermark keys, in the order of ``Buffer.watermarks``.
+        mode: ``"origin"`` or ``"arrival"`` lateness.
+        participants: per key name, the origins taking part (docs/archive.md#watermark-keys), including
+            expected origins; in arrival mode every one counts from the first ingest_ts.
+        expected_origins: listed origins (never idle while they have sent nothing).
+        chunk_base: the first chunk number (0 or 1).
+        gap_policy: ``"wait"`` or ``"skip"``; ``watermark_regression``: ``"fail"`` or ``"clamp"``.
+        idle_timeout: microseconds of ingest time without a buffer after which an origin is idle.
+        strict: raise on a regression under ``fail`` (a run); otherwise record it and hold the
+            origin's prefix before the offending sequence (``replay inspect``).
+    """
+
+    def __init__(
+        self,
+        *,
+        keys: Sequence[KeySettings],
+        mode: str,
+        participants: Mapping[str, Iterable[int]],
+        expected_origins: Iterable[int] = (),
+        chunk_base: int = 1,
+        gap_policy: str = "wait",
+        watermark_regression: str = "fail",
+        idle_timeout: int | None = None,
+        strict: bool = True,
+    ) -> None:
+        if mode not in ("origin", "arrival"):
+            raise ValueError(f"mode must be origin or arrival, not {mode!r}")
+        self.keys = tuple(keys)
+        self.mode = mode
+        self.chunk_base = chunk_base
+        self.gap_policy = gap_policy
+        self.watermark_regression = watermark_regression
+        self.idle_timeout = idle_timeout
+        self.strict = strict
+        self.expected = frozenset(expected_origins)
+        self.participants = [set(participants.get(k.name, ())) | set(self.expected) for k in self.keys]
+        self.global_wm = [NEG_INF] * len(self.keys)
+        self._counted: list[tuple[int, ...]] = [() for _ in self.keys]
+        self._window: list[tuple[int, int] | None] = [None for _ in self.keys]
+        self._origins: dict[int, _Origin] = {}
+        self._clock: int | None = None
+        self._deadline = _NEVER  # arrival mode: the clock at which the next idle timeout fires
+        self._first_ingest: int | None = None
+        self.regressions: list[Regression] = []
+        self.skipped: list[Skipped] = []
+        for origins in self.participants:
+            for origin in origins:
+                self._state(origin)
+
+    @property
+    def clock(self) -> int | None:
+        """Arrival mode: the ``ingest_ts`` of the latest buffer fed (``None`` before the first)."""
+        return self._clock
+
+    # -- feeding -----------------------------------------------------------------------------
+
+    def feed(self, buffers: Iterable[Buffer]) -> list[Decision]:
+        """Apply buffers; return the decisions that became possible.
+
+        In arrival mode the buffers must come in arrival order (``arrival_order``), and
+        every buffer is decided on arrival with ``E_k`` from the buffers before it. In
+        origin mode a buffer of sequence ``s`` is decided once ``s - 1`` is in the prefix.
+        """
+        decisions: list[Decision] = []
+        for buf in buffers:
+            if self.mode == Lateness.ARRIVAL:
+                if buf.ingest is None:
+                    raise BadBufferError(
+                        "arrival-mode lateness needs an ingest_ts on every buffer",
+                        where=Location(file=buf.file, origin=buf.origin, sequence=buf.sequence, chunk=buf.chunk),
+                        todo="use 'lateness: origin', or fix the archiver so every buffer has an ingest_ts",
+                        code="archive.null_metadata",
+                    )
+                if self._clock is not None and buf.ingest < self._clock:
+                    raise ValueError("arrival mode needs buffers in arrival order; sort them with arrival_order()")
+                if self._first_ingest is None:
+                    self._first_ingest = buf.ingest
+                decisions.append(self._decide(buf, self.global_wm, BEHIND_GLOBAL))
+                before = self._origins.get(buf.origin)
+                # G's inputs change only when this origin's prefix moves, its idleness may change
+                # (it was idle, is seen for the first time, or sends an idle marker), or the clock
+                # passes an idle deadline; otherwise G stays (coalescing is idempotent).
+                moved = before is None or before.last_ingest is None or buf.idle or self._idle(before)
+                prefix = before.prefix if before is not None else 0
+                self._apply(buf, decisions)
+                self._clock = buf.ingest
+                if moved or self._origins[buf.origin].prefix != prefix or self._clock >= self._deadline:
+                    self._coalesce()
+            else:
+                self._apply(buf, decisions)
+        if self.mode == Lateness.ORIGIN:
+            self._coalesce()
+        return decisions
+
+    def join(self, participants: Mapping[str, Iterable[int]]) -> None:
+        """Add origins that take part from now on (an incremental run that sees them first).
+
+        A newcomer counts as minus infinity, below ``G_k``, so it is left out of the minimum
+        until it catches up (docs/semantics.md#global-watermark); ``G_k`` is recomputed.
+        """
+        added = False
+        for index, key in enumerate(self.keys):
+            for origin in participants.get(key.name, ()):
+                if origin not in self.participants[index]:
+                    self.participants[index].add(origin)
+                    self._state(origin)
+                    added = True
+        if added:
+            self._coalesce()
+
+    def finish(self) -> list[Decision]:
+        """End the run: under ``gap_policy: skip`` close every missing or incomplete sequence
+        below each origin's highest seen one (docs/semantics.md#gaps), then recompute ``G_k``."""
+        decisions: list[Decision] = []
+        if self.gap_policy == "skip":
+            for state in sorted(self._origins.values(), key=lambda o: o.id):
+                while state.blocked is None and state.prefix < state.max_seq:
+                    seq = state.prefix + 1
+                    if self._complete(state, seq):
+                        self._enter(state, seq, decisions, closed=False)
+                    elif seq < state.max_seq:
+                        chunks = tuple(sorted(state.pending.get(seq, {})))
+                        self.skipped.append(Skipped(origin=state.id, sequence=seq, chunks=chunks))
+                        self._enter(state, seq, decisions, closed=True)
+                    else:
+                        break
+        self._coalesce()
+        return decisions
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _state(self, origin: int) -> _Origin:
+        state = self._origins.get(origin)
+        if state is None:
+            state = self._origins[origin] = _Origin(origin, len(self.keys))
+        return state
+
+    def _decide(self, buf: Buffer, watermarks: Sequence[int], reason: str) -> Decision:
+        """Thresholds ``watermark - allowed_lateness`` per key: ``G_k`` (arrival) or ``W_k(o, s - 1)`` (origin).
+
+        In origin mode the threshold is never below ``G_k`` as it stood before this feed: for
+        an origin that counts in ``G_k`` that changes nothing (``W_k(o, s - 1) >= L_k(o) >= G_k``
+        for every buffer not yet decided), and for one left out (an origin that joined in a
+        later run) it keeps its tuples out of windows already emitted (docs/semantics.md).
+        """
+        marks = list(watermarks)
+        reasons = [reason] * len(self.keys)
+        if reason == BEHIND_ORIGIN:
+            for index, g in enumerate(self.global_wm):
+                if g > marks[index]:
+                    marks[index], reasons[index] = g, BEHIND_GLOBAL
+        thresholds = tuple(minus(w, k.allowed_lateness) for w, k in zip(marks, self.keys, strict=True))
+        return Decision(
+            origin=buf.origin,
+            sequence=buf.sequence,
+            chunk=buf.chunk,
+            thresholds=thresholds,
+            reasons=tuple(reasons),
+        )
+
+    def _apply(self, buf: Buffer, decisions: list[Decision]) -> None:
+        state = self._state(buf.origin)
+        seq, chunk = buf.sequence, buf.chunk
+        if seq <= state.prefix or chunk in state.pending.get(seq, {}):
+            raise BadBufferError(
+                "buffer seen twice: its sequence is already complete or the chunk already consumed",
+                where=Location(file=buf.file, origin=buf.origin, sequence=seq, chunk=chunk),
+                todo="this is a re-delivered buffer that deduplication missed; report it with the archive",
+                code="progress.buffer_seen_twice",
+            )
+        state.pending.setdefault(seq, {})[chunk] = buf
+        if buf.last_chunk:
+            state.last[seq] = chunk
+        state.max_seq = max(state.max_seq, seq)
+        state.cut = max(state.cut, (seq, chunk)) if state.cut is not None else (seq, chunk)
+        if self.mode == Lateness.ARRIVAL:
+            state.last_ingest = buf.ingest
+            state.idle_marker = buf.idle
+        elif seq == state.prefix + 1 and state.blocked is None:
+            decisions.append(self._decide(buf, state.wm, BEHIND_ORIGIN))
+        while state.blocked is None and self._complete(state, state.prefix + 1):
+            self._enter(state, state.prefix + 1, decisions, closed=False)
+
+    def _complete(self, state: _Origin, seq: int) -> bool:
+        last = state.last.get(seq)
+        return last is not None and len(state.pending.get(seq, ())) == last - self.chunk_base + 1
+
+    def _enter(self, state: _Origin, seq: int, decisions: list[Decision], *, closed: bool) -> None:
+        chunks = state.pending.get(seq, {})
+        new_wm = list(state.wm)
+        clamped: list[Regression] = []
+        for index, key in enumerate(self.keys):
+            previous = state.wm[index]
+            candidates = [w for b in chunks.values() if (w := b.watermarks[index]) is not None]
+            if not candidates:
+                continue
+            value = max(candidates)
+            if value >= previous or key.derived or closed:
+                new_wm[index] = max(value, previous)
+                continue
+            if self.watermark_regression == "clamp":
+                clamped.append(
+                    Regression(
+                        origin=state.id,
+                        sequence=seq,
+                        key=key.name,
+                        watermark=value,
+                        previous=previous,
+                        action="clamped",
+                    )
+                )
+                continue
+            if self.strict:
+                raise WatermarkRegressionError(
+                    f"the watermark of key '{key.name}' goes back from {format_ts(previous)} to {format_ts(value)}",
+                    where=Location(
+                        origin=state.id,
+                        sequence=seq,
+                        file=min(b.file for b in chunks.values()),
+                        extra={"key": key.name},
+                    ),
+                    todo="fix the archiver's watermarks, or set 'watermark_regression: clamp' to hold the "
+                    "watermark and report the regression",
+                )
+            self.regressions.append(
+                Regression(
+                    origin=state.id, sequence=seq, key=key.name, watermark=value, previous=previous, action="held"
+                )
+            )
+            state.blocked = seq
+            return
+        self.regressions.extend(clamped)
+        state.pending.pop(seq, None)
+        state.last.pop(seq, None)
+        state.prefix = seq
+        state.wm = new_wm
+        if self.mode == Lateness.ORIGIN:
+            for buf in sorted(state.pending.get(seq + 1, {}).values(), key=lambda b: b.chunk):
+                decisions.append(self._decide(buf, state.wm, BEHIND_ORIGIN))
+
+    def _idle(self, state: _Origin) -> bool:
+        if self.mode != "arrival":
+            return False
+        if state.last_ingest is not None and state.idle_marker:
+            return True
+        if self.idle_timeout is None or self._clock is None:
+            return False
+        if state.last_ingest is None:
+            if state.id in self.expected or self._first_ingest is None:
+                return False
+            return self._clock - self._first_ingest >= self.idle_timeout
+        return self._clock - state.last_ingest >= self.idle_timeout
+
+    def _coalesce(self) -> None:
+        idle = {o: self._idle(state) for o, state in self._origins.items()}
+        if self.mode == Lateness.ARRIVAL and self.idle_timeout is not None:
+            # The earliest clock at which a silent origin times out (unseen ones count from the
+            # first ingest_ts; expected ones that sent nothing never do).
+            starts = [
+                s.last_ingest if s.last_ingest is not None else self._first_ingest
+                for o, s in self._origins.items()
+                if not idle[o] and (s.last_ingest is not None or o not in self.expected)
+            ]
+            known = [t for t in starts if t is not None]
+            self._deadline = min(known) + self.idle_timeout if known else _NEVER
+        for index, origins in enumerate(self.participants):
+            previous = self.global_wm[index]
+            if not origins:
+                self._counted[index], self._window[index] = (), None
+                continue
+            local = {o: self._origins[o].wm[index] for o in origins}
+            active = [o for o in origins if not idle[o]]
+            if not active:
+                counted = sorted(origins)
+                candidate = max(local.values())
+            else:
+                counted = sorted(o for o in active if local[o] >= previous)
+                candidate = min(local[o] for o in counted) if counted else previous
+            self.global_wm[index] = max(previous, candidate)
+            self._counted[index] = tuple(counted)
+            self._window[index] = (min(local[o] for o in counted), max(local[o] for o in counted)) if counted else None
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    def seen(self, identity: tuple[int, int, int]) -> bool:
+        """Whether a buffer identity lies within what was fed: its sequence is in the origin's
+        complete prefix (consumed, or closed by ``gap_policy: skip``), or the chunk is pending."""
+        origin, sequence, chunk = identity
+        state = self._origins.get(origin)
+        if state is None:
+            return False
+        return sequence <= state.prefix or chunk in state.pending.get(sequence, {})
+
+    def pending_buffer(self, identity: tuple[int, int, int]) -> Buffer | None:
+        """The fed buffer of ``identity`` beyond its origin's prefix, if it is one."""
+        origin, sequence, chunk = identity
+        state = self._origins.get(origin)
+        return None if state is None else state.pending.get(sequence, {}).get(chunk)
+
+    def export_state(self) -> tuple[dict[str, Any], list[Buffer]]:
+        """The engine's whole state: JSON-able values, and the buffers it holds beyond each
+        origin's prefix (in origin, sequence, chunk order). ``restore`` takes both back.
+
+        The size follows the origins and the buffers in flight, never the history fed.
+        """
+        origins = []
+        held: list[Buffer] = []
+        for origin, state in sorted(self._origins.items()):
+            origins.append(
+                {
+                    "id": origin,
+                    "prefix": state.prefix,
+                    "wm": list(state.wm),
+                    "last": sorted([seq, chunk] for seq, chunk in state.last.items()),
+                    "max_seq": state.max_seq,
+                    "cut": list(state.cut) if state.cut is not None else None,
+                    "last_ingest": state.last_ingest,
+                    "idle_marker": state.idle_marker,
+                    "blocked": state.blocked,
+                }
+            )
+            for seq in sorted(state.pending):
+                held += [state.pending[seq][chunk] for chunk in sorted(state.pending[seq])]
+        values = {
+            "mode": self.mode,
+            "keys": [k.name for k in self.keys],
+            "participants": [sorted(p) for p in self.participants],
+            "global_wm": list(self.global_wm),
+            "counted": [list(c) for c in self._counted],
+            "window": [list(w) if w is not None else None for w in self._window],
+            "clock": self._clock,
+            "deadline": self._deadline,
+            "first_ingest": self._first_ingest,
+            "regressions": [dataclasses.asdict(r) for r in self.regressions],
+            "skipped": [dataclasses.asdict(s) for s in self.skipped],
+            "origins": origins,
+        }
+        return values, held
+
+    def restore(self, values: Mapping[str, Any], held: Iterable[Buffer]) -> None:
+        """Take back a state ``export_state`` gave, into an engine built with the same settings.
+
+        Raises:
+            ValueError: the state was exported by an engine with another mode or other keys.
+        """
+        if values["mode"] != self.mode or values["keys"] != [k.name for k in self.keys]:
+            raise ValueError(
+                f"the snapshot is of a {values['mode']} engine with keys {values['keys']}, "
+                f"not {self.mode} with {[k.name for k in self.keys]}"
+            )
+        self.participants = [set(p) for p in values["participants"]]
+        self.global_wm = list(values["global_wm"])
+        self._counted = [tuple(c) for c in values["counted"]]
+        self._window = [(w[0], w[1]) if w is not None else None for w in values["window"]]
+        self._clock = values["clock"]
+        self._deadline = values["deadline"]
+        self._first_ingest = values["first_ingest"]
+        self.regressions = [Regression(**r) for r in values["regressions"]]
+        self.skipped = [Skipped(**{**s, "chunks": tuple(s["chunks"])}) for s in values["skipped"]]
+        self._origins = {}
+        for row in values["origins"]:
+            state = self._state(row["id"])
+            state.prefix = row["prefix"]
+            state.wm = list(row["wm"])
+            state.last = {seq: chunk for seq, chunk in row["last"]}
+            state.max_seq = row["max_seq"]
+            state.cut = (row["cut"][0], row["cut"][1]) if row["cut"] is not None else None
+            state.last_ingest = row["last_ingest"]
+            state.idle_marker = row["idle_marker"]
+            state.blocked = row["blocked"]
+        for buf in held:
+            self._origins[buf.origin].pending.setdefault(buf.sequence, {})[buf.chunk] = buf
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def snapshot(self) -> ProgressSnapshot:
+        """The current progress as immutable values."""
+        rows = []
+        for index, key in enumerate(self.keys):
+            for origin in sorted(self.participants[index]):
+                state = self._origins[origin]
+                rows.append(
+                    OriginProgress(
+                        origin=origin,
+                        key=key.name,
+                        complete_prefix=state.prefix,
+                        local_watermark=state.wm[index],
+                        pending_buffers=sum(len(c) for c in state.pending.values()),
+                        idle=self._idle(state),
+                        counted=origin in self._counted[index],
+                    )
+                )
+        keys = tuple(
+            KeyProgress(
+                key=key.name,
+                global_watermark=self.global_wm[index],
+                effective_watermark=minus(self.global_wm[index], key.allowed_lateness),
+                time_window=self._window[index],
+                participants=tuple(sorted(self.participants[index])),
+            )
+            for index, key in enumerate(self.keys)
+        )
+        gaps, incomplete = [], []
+        for origin, state in sorted(self._origins.items()):
+            for seq in range(state.prefix + 1, state.max_seq + 1):
+                if seq not in state.pending:
+                    gaps.append((origin, seq))
+                elif not self._complete(state, seq):
+                    incomplete.append((origin, seq))
+        return ProgressSnapshot(
+            mode=self.mode,
+            origins=tuple(rows),
+            keys=keys,
+            stream_cut={o: s.cut for o, s in sorted(self._origins.items()) if s.cut is not None},
+            gaps=tuple(gaps),
+            incomplete=tuple(incomplete),
+            skipped=tuple(self.skipped),
+            regressions=tuple(self.regressions),
+        )

@@ -1,0 +1,490 @@
+"""Per-buffer metadata, extracted with Spark (docs/archive.md#buffers-and-punctuation-rows).
+
+One Spark aggregation turns the archive's rows into one row per *copy* (a
+contiguous run of rows of one buffer identity in one file): row and tuple
+counts, the metadata values (with a check that every row agrees), per-key event
+time bounds and a content hash over the multiset of rows. Only these rows reach
+the driver, never tuples, so driver memory grows with buffers, not tuples.
+
+On the driver the copies are checked (identities, chunk numbering, last chunks),
+deduplicated (identical copies) and conflicts handled per ``on_conflict``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from replay.core.buffer import Buffer, Conflict, DuplicateCopy
+from replay.core.errors import BadBufferError, ConflictingDuplicateError, EmptyArchiveError, Location
+from replay.core.paths import local_path
+from replay.engine.archive import ArchiveLayout
+from replay.engine.scan import FileCache, scan_columns, scan_records
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+    from replay.core.config import JobConfig
+
+__all__ = [
+    "Buffer",
+    "BufferScan",
+    "Conflict",
+    "DuplicateCopy",
+    "content_hashes",
+    "read_rows",
+    "scan_buffers",
+    "time_micros",
+    "time_value",
+]
+
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BufferScan:
+    """The archive's buffers after deduplication, with what was discarded and why."""
+
+    layout: ArchiveLayout
+    buffers: tuple[Buffer, ...]
+    duplicates: tuple[DuplicateCopy, ...]
+    conflicts: tuple[Conflict, ...]
+    rows_read: int
+    tuples_read: int
+    spark_paths: dict[str, str] = field(default_factory=dict)  # Buffer.file -> the path Spark reports
+    files_scanned: int = 0  # files read by the metadata scan (the others came from the file cache)
+
+
+def _sql_name(column: str) -> str:
+    """``column`` quoted for a Spark SQL expression."""
+    return "`" + column.replace("`", "``") + "`"
+
+
+def time_micros(df: DataFrame, column: str, kind: str) -> Column:
+    """A Spark expression for ``column`` as int64 microseconds since the epoch (UTC).
+
+    ``kind`` is the column's entry in ``ArchiveLayout.time_columns``. Nanoseconds (read as
+    int64 under ``spark.sql.legacy.parquet.nanosAsLong``) are truncated toward minus infinity
+    in exact 64-bit integer arithmetic: ``-1 ns`` is ``-1 us``, ``999 ns`` is ``0 us``. They
+    never go through a double, which holds epoch nanoseconds of this century only to the
+    nearest 256 ns and would put a tuple on the wrong side of a watermark.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import TimestampNTZType
+
+    col = F.col(_sql_name(column))
+    if kind == "epoch_ms":
+        return col.cast("long") * 1000
+    if kind == "ns":
+        nanos = col.cast("long")
+        # SQL's integral ``div`` truncates toward zero; below the epoch a remainder means one less.
+        toward_zero = F.expr(f"CAST({_sql_name(column)} AS BIGINT) div 1000")
+        return F.when(nanos % 1000 < 0, toward_zero - 1).otherwise(toward_zero)
+    if isinstance(df.schema[column].dataType, TimestampNTZType):
+        col = col.cast("timestamp")  # wall clock taken as UTC (the session time zone)
+    return F.unix_micros(col)
+
+
+def time_value(df: DataFrame, column: str, kind: str) -> Column:
+    """``column`` as it appears in output tables: a timestamp (microseconds, UTC) for a Parquet
+    timestamp of any unit, the int64 epoch milliseconds unchanged under ``time_unit: ms``."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import TimestampType
+
+    if kind == "epoch_ms" or isinstance(df.schema[column].dataType, TimestampType):
+        return F.col(_sql_name(column))
+    return F.timestamp_micros(time_micros(df, column, kind))
+
+
+def read_rows(spark: SparkSession, layout: ArchiveLayout, files: Sequence[str] | None = None) -> DataFrame:
+    """The rows of ``files`` (default: the archive's) with ``_file`` and ``_row`` (position within
+    the file) attached."""
+    from pyspark.sql import functions as F
+
+    if "ns" in layout.time_columns.values():
+        spark.conf.set("spark.sql.legacy.parquet.nanosAsLong", "true")
+    # Files may differ in optional columns: merge the footers' schemas (types were checked to agree),
+    # so that a column one file lacks reads as null instead of vanishing from the others.
+    if len(layout.schema):
+        from replay.engine.archive import spark_schema
+
+        df = spark.read.schema(spark_schema(layout)).parquet(*(files or layout.files))
+    else:
+        df = spark.read.option("mergeSchema", "true").parquet(*(files or layout.files))
+    return df.select("*", F.col("_metadata.file_path").alias("_file"), F.col("_metadata.row_index").alias("_row"))
+
+
+def _copies_frame(df: DataFrame, layout: ArchiveLayout, group_extra: list[str]) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    payload_hash_inputs: list[Column] = []
+    for name in layout.payload:
+        payload_hash_inputs += [F.col(f"`{name}`"), F.col(f"`{name}`").isNull()]
+    row_hash = F.xxhash64(*payload_hash_inputs)
+    punctuation = F.col(f"`{layout.key}`").isNull()
+    for key in layout.keys:
+        punctuation = punctuation & F.col(f"`{key.event_time}`").isNull()
+
+    group = [
+        F.col("_file"),
+        F.col(f"`{layout.origin_id}`").cast("long").alias("origin"),
+        F.col(f"`{layout.sequence_number}`").cast("long").alias("sequence"),
+        F.col(f"`{layout.chunk_number}`").cast("long").alias("chunk"),
+        *[F.col(c) for c in group_extra],
+    ]
+    aggs: list[Column] = [
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(F.when(punctuation, 0).otherwise(1)).alias("tuples"),
+        F.min("_row").alias("row_min"),
+        F.max("_row").alias("row_max"),
+        F.sum(row_hash.bitwiseAND(F.lit(_MASK32))).alias("hash_lo"),
+        F.sum(F.shiftrightunsigned(row_hash, 32)).alias("hash_hi"),
+    ]
+    meta: list[tuple[str, Column]] = [("last_chunk", F.col(f"`{layout.last_chunk}`"))]
+    if layout.ingest_ts is not None:
+        meta.append(("ingest", time_micros(df, layout.ingest_ts, layout.time_columns[layout.ingest_ts])))
+    if layout.idle is not None:
+        meta.append(("idle", F.col(f"`{layout.idle}`")))
+    for index, key in enumerate(layout.keys):
+        if key.watermark is not None:
+            meta.append((f"wm{index}", time_micros(df, key.watermark, layout.time_columns[key.watermark])))
+    for name, expr in meta:
+        aggs += [F.min(expr).alias(f"{name}_min"), F.max(expr).alias(f"{name}_max"), F.count(expr).alias(f"{name}_n")]
+    for index, key in enumerate(layout.keys):
+        event = time_micros(df, key.event_time, layout.time_columns[key.event_time])
+        aggs += [F.min(event).alias(f"ev{index}_min"), F.max(event).alias(f"ev{index}_max")]
+    return df.groupBy(*group).agg(*aggs)
+
+
+def _collect(frame: DataFrame) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = frame.toArrow().to_pylist()
+    return rows
+
+
+def _runs_frame(df: DataFrame, layout: ArchiveLayout, scattered: list[dict[str, Any]]) -> DataFrame:
+    """Rows of identities that appear more than once in a file, with a run number per copy."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    spark = df.sparkSession
+    targets = spark.createDataFrame(
+        [(r["_file"], r["origin"], r["sequence"], r["chunk"]) for r in scattered],
+        "t_file string, t_origin long, t_sequence long, t_chunk long",
+    )
+    joined = df.join(
+        F.broadcast(targets),
+        (df["_file"] == targets["t_file"])
+        & (F.col(f"`{layout.origin_id}`").cast("long") == targets["t_origin"])
+        & (F.col(f"`{layout.sequence_number}`").cast("long") == targets["t_sequence"])
+        & (F.col(f"`{layout.chunk_number}`").cast("long") == targets["t_chunk"]),
+    ).drop("t_file", "t_origin", "t_sequence", "t_chunk")
+    # Gaps and islands: positions p1 < p2 < ... of one identity; p_i - i is constant
+    # exactly along a run of consecutive rows.
+    order = Window.partitionBy("_file", layout.origin_id, layout.sequence_number, layout.chunk_number).orderBy("_row")
+    return joined.withColumn("_run", F.col("_row") - F.row_number().over(order))
+
+
+def _copy_records(df: DataFrame, layout: ArchiveLayout) -> list[dict[str, Any]]:
+    """Per copy, the full record with the content hash's sums (one Spark aggregation over the rows)."""
+    records = _collect(_copies_frame(df, layout, []))
+    scattered = [r for r in records if r["row_max"] - r["row_min"] + 1 != r["rows"]]
+    if scattered:
+        ids = {(r["_file"], r["origin"], r["sequence"], r["chunk"]) for r in scattered}
+        records = [r for r in records if (r["_file"], r["origin"], r["sequence"], r["chunk"]) not in ids]
+        records += _collect(_copies_frame(_runs_frame(df, layout, scattered), layout, ["_run"]))
+    return records
+
+
+def _display_path(spark_path: str, layout: ArchiveLayout, files: Sequence[str] = ()) -> str:
+    """Spark's ``file:`` URI of a local file as the plain path the user gave."""
+    local = local_path(spark_path)
+    if local is None:
+        return spark_path
+    for given in (*files, *layout.files):
+        if given == local or local_path(given) == local:
+            return given
+    return local
+
+
+def _check_copy(rec: dict[str, Any], layout: ArchiveLayout, chunk_base: int) -> None:
+    file = rec["_file"]
+    where = {"file": file, "origin": rec["origin"], "sequence": rec["sequence"], "chunk": rec["chunk"]}
+    for role, value in (
+        ("origin_id", rec["origin"]),
+        ("sequence_number", rec["sequence"]),
+        ("chunk_number", rec["chunk"]),
+    ):
+        if value is None:
+            column = getattr(layout, role)
+            raise BadBufferError(
+                f"column '{column}' ({role}) is null on some rows",
+                where=Location(file=file, column=column),
+                todo="every row needs origin_id, sequence_number and chunk_number; fix or remove those rows",
+                code="archive.null_identity",
+            )
+    if rec["origin"] < 1:
+        raise BadBufferError(
+            f"origin_id {rec['origin']} is below 1",
+            where=Location(**where, column=layout.origin_id),
+            todo="origin ids start at 1; fix the archiver's origin numbering or map the right column",
+            code="archive.bad_origin",
+        )
+    if rec["sequence"] < 1:
+        raise BadBufferError(
+            f"sequence_number {rec['sequence']} is below 1",
+            where=Location(**where, column=layout.sequence_number),
+            todo="sequence numbers start at 1 per origin; fix the archiver or remove these rows",
+            code="archive.bad_sequence",
+        )
+    if rec["chunk"] < chunk_base:
+        raise BadBufferError(
+            f"chunk_number {rec['chunk']} is below chunk_base {chunk_base}",
+            where=Location(**where, column=layout.chunk_number),
+            todo="set 'chunk_base: 0' if this archive counts chunks from 0, else fix the archiver",
+            code="archive.bad_chunk",
+        )
+    metadata = [("last_chunk", layout.last_chunk, True)]
+    if layout.ingest_ts is not None:
+        metadata.append(("ingest", layout.ingest_ts, True))
+    if layout.idle is not None:
+        metadata.append(("idle", layout.idle, False))
+    for index, key in enumerate(layout.keys):
+        if key.watermark is not None:
+            metadata.append((f"wm{index}", key.watermark, False))
+    for name, column, required in metadata:
+        count, low, high = rec[f"{name}_n"], rec[f"{name}_min"], rec[f"{name}_max"]
+        if required and count < rec["rows"]:
+            raise BadBufferError(
+                f"column '{column}' is null on {rec['rows'] - count} of the buffer's {rec['rows']} rows",
+                where=Location(**where, column=column),
+                todo=f"every row of a buffer needs a '{column}' value; fix the archiver or remove the buffer",
+                code="archive.null_metadata",
+            )
+        if 0 < count < rec["rows"] or low != high:
+            raise BadBufferError(
+                f"the rows of one buffer disagree on '{column}' (values from {low} to {high}, {count} of "
+                f"{rec['rows']} non-null)",
+                where=Location(**where, column=column),
+                todo="all rows of a buffer must carry the same metadata; fix the archiver or remove the buffer",
+                code="archive.metadata_disagrees",
+            )
+
+
+def _content_hash(rec: dict[str, Any], layout: ArchiveLayout) -> str:
+    """A copy's content hash from its full record (``_copy_records``): equal for identical copies."""
+    watermarks = _watermarks(rec, layout)
+    content = hashlib.blake2b(digest_size=16)
+    parts = [
+        rec["rows"],
+        rec["tuples"],
+        rec["hash_lo"],
+        rec["hash_hi"],
+        rec["last_chunk_min"],
+        rec.get("idle_min"),
+        *watermarks,
+    ]
+    content.update(repr(parts).encode())
+    return content.hexdigest()
+
+
+def _watermarks(rec: dict[str, Any], layout: ArchiveLayout) -> list[int | None]:
+    watermarks: list[int | None] = []
+    for index, key in enumerate(layout.keys):
+        watermarks.append(rec[f"wm{index}_min"] if key.watermark is not None else rec[f"ev{index}_max"])
+    return watermarks
+
+
+def _to_buffer(rec: dict[str, Any], layout: ArchiveLayout, content_hash: str = "") -> Buffer:
+    watermarks = _watermarks(rec, layout)
+    return Buffer(
+        origin=rec["origin"],
+        sequence=rec["sequence"],
+        chunk=rec["chunk"],
+        last_chunk=bool(rec["last_chunk_min"]),
+        watermarks=tuple(watermarks),
+        min_event=tuple(rec[f"ev{i}_min"] for i in range(len(layout.keys))),
+        max_event=tuple(rec[f"ev{i}_max"] for i in range(len(layout.keys))),
+        ingest=rec.get("ingest_min"),
+        idle=bool(rec.get("idle_min") or False),
+        tuples=rec["tuples"],
+        rows=rec["rows"],
+        file=rec["_file"],
+        row_start=rec["row_min"],
+        content_hash=content_hash,
+    )
+
+
+def _check_sequences(buffers: list[Buffer]) -> None:
+    by_sequence: dict[tuple[int, int], list[Buffer]] = defaultdict(list)
+    for buf in buffers:
+        by_sequence[(buf.origin, buf.sequence)].append(buf)
+    for (origin, sequence), chunks in by_sequence.items():
+        lasts = [b for b in chunks if b.last_chunk]
+        if len(lasts) > 1:
+            raise BadBufferError(
+                f"the sequence has {len(lasts)} last chunks: {sorted(b.chunk for b in lasts)}",
+                where=Location(origin=origin, sequence=sequence, file=lasts[1].file, chunk=lasts[1].chunk),
+                todo="exactly one chunk per sequence (the highest) may set last_chunk; fix the archiver",
+                code="archive.two_last_chunks",
+            )
+        if lasts:
+            beyond = [b for b in chunks if b.chunk > lasts[0].chunk]
+            if beyond:
+                raise BadBufferError(
+                    f"chunk {beyond[0].chunk} lies beyond the sequence's last chunk {lasts[0].chunk}",
+                    where=Location(origin=origin, sequence=sequence, chunk=beyond[0].chunk, file=beyond[0].file),
+                    todo="the last chunk must carry the highest chunk number; fix the archiver",
+                    code="archive.chunk_beyond_last",
+                )
+
+
+def _first_key(buf: Buffer) -> tuple[int, str, int]:
+    # Earliest by (ingest_ts, file path, row position); without ingest_ts, by path and position.
+    return (buf.ingest if buf.ingest is not None else 0, buf.file, buf.row_start)
+
+
+def content_hashes(
+    spark: SparkSession, layout: ArchiveLayout, copies: Sequence[tuple[str, int, int, int, int]]
+) -> tuple[dict[tuple[str, int], str], dict[str, str]]:
+    """The content hash of each copy ``(file, origin, sequence, chunk, row_start)``, by ``(file,
+    row_start)``, from one Spark aggregation over those copies' rows (the payload is read only
+    here, and only for buffers that have more than one copy); and the path Spark reports for
+    each file read. A copy whose file no longer holds it gets no hash."""
+    from pyspark.sql import functions as F
+
+    if not copies:
+        return {}, {}
+    files = sorted({c[0] for c in copies})
+    df = read_rows(spark, layout, files)
+    targets = spark.createDataFrame(
+        [(c[1], c[2], c[3]) for c in copies], "t_origin long, t_sequence long, t_chunk long"
+    ).distinct()
+    df = df.join(
+        F.broadcast(targets),
+        (F.col(f"`{layout.origin_id}`").cast("long") == targets["t_origin"])
+        & (F.col(f"`{layout.sequence_number}`").cast("long") == targets["t_sequence"])
+        & (F.col(f"`{layout.chunk_number}`").cast("long") == targets["t_chunk"]),
+        "left_semi",
+    )
+    wanted = {(c[0], c[4]) for c in copies}
+    hashes: dict[tuple[str, int], str] = {}
+    spark_paths: dict[str, str] = {}
+    for rec in _copy_records(df, layout):
+        shown = _display_path(rec["_file"], layout, files)
+        spark_paths[shown] = rec["_file"]
+        if (shown, rec["row_min"]) in wanted:
+            hashes[(shown, rec["row_min"])] = _content_hash(rec, layout)
+    return hashes, spark_paths
+
+
+def scan_buffers(
+    spark: SparkSession,
+    layout: ArchiveLayout,
+    config: JobConfig,
+    *,
+    strict: bool = True,
+    event_times: bool = True,
+    cache: FileCache | None = None,
+) -> BufferScan:
+    """Extract, check and deduplicate the archive's buffers.
+
+    The metadata scan (``replay.engine.scan``) reads the metadata columns only; event time columns
+    with ``event_times`` (else only where a key's watermark is its buffers' max event time, and
+    the buffers' event time bounds are ``None``). The payload is read only for identities with
+    more than one copy, to tell duplicates from conflicts. ``cache`` keeps per-file records.
+    With ``strict`` (a run), a conflicting duplicate under ``on_conflict: fail`` raises;
+    without it (``replay inspect``) it is reported and the first copy is kept.
+
+    Raises:
+        BadBufferError: a null or out-of-range identity, metadata that differs within a buffer,
+            two last chunks in a sequence, or a chunk beyond the last one.
+        ConflictingDuplicateError: copies of one identity differ, under ``on_conflict: fail``.
+    """
+    columns = scan_columns(layout, event_times=event_times)
+    records, scanned = scan_records(spark, layout.files, columns, cache)
+    if not records:
+        raise EmptyArchiveError(
+            f"the archive's {len(layout.files)} Parquet file(s) hold no rows",
+            where=Location(file=layout.root),
+            todo="point 'archive' at the directory the archiver writes to, or wait until it has written data",
+        )
+    for rec in records:
+        _check_copy(rec, layout, config.chunk_base)
+    by_identity: dict[tuple[int, int, int], list[dict[str, Any]]] = defaultdict(list)
+    rows_read = tuples_read = 0
+    for rec in records:
+        by_identity[(rec["origin"], rec["sequence"], rec["chunk"])].append(rec)
+        rows_read += rec["rows"]
+        tuples_read += rec["tuples"]
+    repeated = [
+        (rec["_file"], rec["origin"], rec["sequence"], rec["chunk"], rec["row_min"])
+        for recs in by_identity.values()
+        if len(recs) > 1
+        for rec in recs
+    ]
+    hashes, spark_paths = content_hashes(spark, layout, repeated)
+    copies: dict[tuple[int, int, int], list[Buffer]] = {
+        identity: [_to_buffer(rec, layout, hashes.get((rec["_file"], rec["row_min"]), "")) for rec in recs]
+        for identity, recs in by_identity.items()
+    }
+
+    kept: list[Buffer] = []
+    duplicates: list[DuplicateCopy] = []
+    conflicts: list[Conflict] = []
+    for identity in sorted(copies):
+        ordered = sorted(copies[identity], key=_first_key)
+        first = ordered[0]
+        kept.append(first)
+        for other in ordered[1:]:
+            if other.content_hash == first.content_hash:
+                duplicates.append(
+                    DuplicateCopy(
+                        origin=other.origin,
+                        sequence=other.sequence,
+                        chunk=other.chunk,
+                        file=other.file,
+                        row_start=other.row_start,
+                        tuples=other.tuples,
+                        kept_file=first.file,
+                    )
+                )
+                continue
+            conflict = Conflict(
+                origin=other.origin,
+                sequence=other.sequence,
+                chunk=other.chunk,
+                kept_file=first.file,
+                kept_row=first.row_start,
+                other_file=other.file,
+                other_row=other.row_start,
+                other_tuples=other.tuples,
+            )
+            if strict and config.on_conflict == "fail":
+                raise ConflictingDuplicateError(
+                    f"buffer archived twice with different content: in {first.file} (row {first.row_start}) "
+                    f"and {other.file} (row {other.row_start})",
+                    where=Location(
+                        origin=other.origin,
+                        sequence=other.sequence,
+                        chunk=other.chunk,
+                        file=first.file,
+                        extra={"other_file": other.file},
+                    ),
+                    todo="find out which copy is right and remove the other, or set 'on_conflict: keep_first' "
+                    "to keep the earliest copy (the conflict is still reported)",
+                )
+            conflicts.append(conflict)
+    _check_sequences(kept)
+    return BufferScan(
+        layout=layout,
+        buffers=tuple(kept),
+        duplicates=tuple(duplicates),
+        conflicts=tuple(conflicts),
+        rows_read=rows_read,
+        tuples_read=tuples_read,
+        spark_paths=spark_paths,
+        files_scanned=scanned,
+    )

@@ -1,0 +1,328 @@
+"""The metadata scan: one record per copy of a buffer, read from the files' metadata columns.
+
+A buffer's metadata (origin, sequence, chunk, last chunk, watermark, ingest and idle
+columns) is the same on each of its rows, so Parquet stores those columns dictionary- and
+run-length-encoded in a small fraction of a file's bytes. The scan reads only them, plus
+the key column (a null key marks a punctuation row) and, where they are needed, the event
+time columns (event-time watermarks, a backfill's bounds), never the payload.
+
+The reading runs in Spark tasks (``mapInArrow`` over the list of files, one file per task
+at a time, pyarrow inside), so on a cluster the files are read by the executors and only
+the per-copy records reach the driver. A *copy* is a maximal run of consecutive rows of
+one buffer identity in one file.
+
+``FileCache`` keeps each file's records with the checkpoint, keyed by the file's path,
+size, modification time and a digest of its Parquet footer, and by the columns read: a
+file already scanned is never read again, a file rewritten in place is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from replay.core.errors import ArchiveReadError, Location
+from replay.core.paths import local_path
+from replay.engine.archive import ArchiveLayout
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["FileCache", "ScanColumns", "scan_columns", "scan_files", "scan_records"]
+
+_ERROR_MARK = "<<replay-scan>>"
+
+
+@dataclass(frozen=True, slots=True)
+class ScanColumns:
+    """What the scan reads of each file: the role of each column it aggregates per copy.
+
+    ``meta``: (record name, column, time kind or ``None``) of every metadata value checked to be
+    constant per buffer; ``events``: per watermark key, its event time column and kind, or
+    ``None`` when the scan does not read it.
+    """
+
+    origin: str
+    sequence: str
+    chunk: str
+    key: str
+    meta: tuple[tuple[str, str, str | None], ...]
+    events: tuple[tuple[str, str] | None, ...]
+
+    def digest(self) -> str:
+        return hashlib.sha256(
+            json.dumps([self.origin, self.sequence, self.chunk, self.key, self.meta, self.events]).encode()
+        ).hexdigest()[:16]
+
+    def record_schema(self) -> pa.Schema:
+        fields = [pa.field("_file", pa.string())]
+        fields += [
+            pa.field(n, pa.int64()) for n in ("origin", "sequence", "chunk", "rows", "tuples", "row_min", "row_max")
+        ]
+        for name, _, _ in self.meta:
+            fields += [pa.field(f"{name}_{s}", pa.int64()) for s in ("min", "max", "n")]
+        for index in range(len(self.events)):
+            fields += [pa.field(f"ev{index}_{s}", pa.int64()) for s in ("min", "max")]
+        return pa.schema(fields)
+
+
+def scan_columns(layout: ArchiveLayout, *, event_times: bool) -> ScanColumns:
+    """The columns the scan of ``layout`` reads; event time columns only with ``event_times`` or
+    where a key's watermark is the max event time of its buffer."""
+    meta: list[tuple[str, str, str | None]] = [("last_chunk", layout.last_chunk, None)]
+    if layout.ingest_ts is not None:
+        meta.append(("ingest", layout.ingest_ts, layout.time_columns[layout.ingest_ts]))
+    if layout.idle is not None:
+        meta.append(("idle", layout.idle, None))
+    for index, key in enumerate(layout.keys):
+        if key.watermark is not None:
+            meta.append((f"wm{index}", key.watermark, layout.time_columns[key.watermark]))
+    events = tuple(
+        (key.event_time, layout.time_columns[key.event_time]) if event_times or key.watermark is None else None
+        for key in layout.keys
+    )
+    return ScanColumns(
+        origin=layout.origin_id,
+        sequence=layout.sequence_number,
+        chunk=layout.chunk_number,
+        key=layout.key,
+        meta=tuple(meta),
+        events=events,
+    )
+
+
+def _micros(value: int | None, kind: str | None) -> int | None:
+    """A time column's raw int64 as microseconds (floor for nanoseconds, exact integers only)."""
+    if value is None or kind is None:
+        return value
+    if kind in ("ms", "epoch_ms"):
+        return value * 1000
+    if kind == "ns":
+        return value // 1000
+    return value
+
+
+def _as_int64(array: pa.ChunkedArray) -> pa.ChunkedArray:
+    import pyarrow.compute as pc
+
+    if pa.types.is_timestamp(array.type):
+        return array.cast(pa.int64())
+    if pa.types.is_boolean(array.type):
+        return pc.cast(array, pa.int64())
+    return array.cast(pa.int64())
+
+
+def _open(path: str) -> Any:
+    import pyarrow.parquet as pq
+
+    local = local_path(path)
+    if local is not None:
+        return pq.ParquetFile(local)
+    from pyarrow import fs
+
+    filesystem, inner = fs.FileSystem.from_uri(path)
+    return pq.ParquetFile(filesystem.open_input_file(inner))
+
+
+def scan_file(path: str, columns: ScanColumns) -> pa.Table:
+    """The per-copy records of one file (see the module docstring)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    parquet = _open(path)
+    names = [columns.origin, columns.sequence, columns.chunk, columns.key]
+    names += [c for _, c, _ in columns.meta]
+    names += [e[0] for e in columns.events if e is not None]
+    table = parquet.read(columns=list(dict.fromkeys(names)))
+    schema = columns.record_schema()
+    n = table.num_rows
+    if n == 0:
+        return schema.empty_table()
+    ids = [_as_int64(table.column(c)) for c in (columns.origin, columns.sequence, columns.chunk)]
+    # A new copy starts wherever the identity (or its nullness) changes from the previous row.
+    change = np.zeros(n, dtype=bool)
+    change[0] = True
+    for array in ids:
+        values = array.fill_null(0).to_numpy()
+        valid = array.is_valid().to_numpy(zero_copy_only=False)
+        change[1:] |= (values[1:] != values[:-1]) | (valid[1:] != valid[:-1])
+    run = np.cumsum(change) - 1
+    punctuation = table.column(columns.key).is_null()
+    for event in columns.events:
+        if event is not None:
+            punctuation = pc.and_(punctuation, table.column(event[0]).is_null())
+    work: dict[str, Any] = {
+        "_run": pa.array(run),
+        "_row": pa.array(np.arange(n, dtype=np.int64)),
+        "_tuple": pc.cast(pc.invert(punctuation), pa.int64()),
+        "origin": ids[0],
+        "sequence": ids[1],
+        "chunk": ids[2],
+    }
+    aggs: list[tuple[str, str]] = [("_row", "min"), ("_row", "max"), ("_row", "count"), ("_tuple", "sum")]
+    aggs += [("origin", "min"), ("sequence", "min"), ("chunk", "min")]
+    for name, column, _ in columns.meta:
+        work[name] = _as_int64(table.column(column))
+        aggs += [(name, "min"), (name, "max"), (name, "count")]
+    for index, event in enumerate(columns.events):
+        if event is not None:
+            work[f"ev{index}"] = _as_int64(table.column(event[0]))
+            aggs += [(f"ev{index}", "min"), (f"ev{index}", "max")]
+    grouped = pa.table(work).group_by("_run", use_threads=False).aggregate(aggs).sort_by("_run")
+    out: dict[str, Any] = {
+        "_file": pa.array([path] * grouped.num_rows, pa.string()),
+        "origin": grouped["origin_min"],
+        "sequence": grouped["sequence_min"],
+        "chunk": grouped["chunk_min"],
+        "rows": grouped["_row_count"],
+        "tuples": grouped["_tuple_sum"],
+        "row_min": grouped["_row_min"],
+        "row_max": grouped["_row_max"],
+    }
+    for name, _, kind in columns.meta:
+        out[f"{name}_min"] = pa.array([_micros(v, kind) for v in grouped[f"{name}_min"].to_pylist()], pa.int64())
+        out[f"{name}_max"] = pa.array([_micros(v, kind) for v in grouped[f"{name}_max"].to_pylist()], pa.int64())
+        out[f"{name}_n"] = grouped[f"{name}_count"]
+    for index, event in enumerate(columns.events):
+        for stat in ("min", "max"):
+            if event is None:
+                out[f"ev{index}_{stat}"] = pa.nulls(grouped.num_rows, pa.int64())
+            else:
+                values = grouped[f"ev{index}_{stat}"].to_pylist()
+                out[f"ev{index}_{stat}"] = pa.array([_micros(v, event[1]) for v in values], pa.int64())
+    return pa.table(out).cast(schema)
+
+
+def _scanner(files: Sequence[str], columns: ScanColumns) -> Callable[[Iterator[pa.RecordBatch]], Iterator[Any]]:
+    paths = list(files)
+
+    def scan(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for index in batch.column("id").to_pylist():
+                try:
+                    table = scan_file(paths[index], columns)
+                except Exception as exc:  # named for the driver, which turns it into ArchiveReadError
+                    raise RuntimeError(f"{_ERROR_MARK}{paths[index]}{_ERROR_MARK}{exc}") from exc
+                yield from table.to_batches()
+
+    return scan
+
+
+def scan_files(spark: SparkSession, files: Sequence[str], columns: ScanColumns) -> list[dict[str, Any]]:
+    """The per-copy records of ``files``, read in Spark tasks (one Spark job)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    if not files:
+        return []
+    parallelism = max(1, min(len(files), spark.sparkContext.defaultParallelism * 2))
+    frame = spark.range(len(files), numPartitions=parallelism)
+    schema = from_arrow_schema(columns.record_schema())
+    try:
+        records: list[dict[str, Any]] = frame.mapInArrow(_scanner(files, columns), schema).toArrow().to_pylist()
+    except Exception as exc:
+        text = str(exc)
+        if _ERROR_MARK not in text:
+            raise
+        _, path, reason = text.split(_ERROR_MARK, 2)
+        raise ArchiveReadError(
+            f"cannot read the file's metadata columns: {reason.splitlines()[0]}",
+            where=Location(file=path),
+            todo="restore the file from the archiver, or move it out of the archive directory; nothing was committed",
+        ) from None
+    return records
+
+
+def footer_digest(path: str) -> str | None:
+    """A digest of a local Parquet file's footer (its last bytes), or ``None`` for a remote file."""
+    local = local_path(path)
+    if local is None:
+        return None
+    with open(local, "rb") as handle:
+        handle.seek(-8, os.SEEK_END)
+        trailer = handle.read(8)
+        length = int.from_bytes(trailer[:4], "little")
+        handle.seek(-(8 + length), os.SEEK_END)
+        return hashlib.sha256(handle.read(length)).hexdigest()[:32]
+
+
+class FileCache:
+    """Per-file scan records kept in a directory (``<checkpoint>/scan-cache``): one Parquet file
+    per archive file, whose metadata holds the key it was made under."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _entry(self, path: str) -> Path:
+        return self.root / (hashlib.sha256(path.encode()).hexdigest()[:32] + ".parquet")
+
+    @staticmethod
+    def key(path: str, columns: ScanColumns) -> str | None:
+        local = local_path(path)
+        if local is None:
+            return None
+        try:
+            st = os.stat(local)
+            footer = footer_digest(path)
+        except OSError:
+            return None
+        return f"{path}|{st.st_size}|{st.st_mtime_ns}|{footer}|{columns.digest()}"
+
+    def get(self, path: str, columns: ScanColumns) -> list[dict[str, Any]] | None:
+        import pyarrow.parquet as pq
+
+        key = self.key(path, columns)
+        entry = self._entry(path)
+        if key is None or not entry.exists():
+            return None
+        try:
+            table = pq.read_table(entry)
+        except (OSError, pa.ArrowException):
+            return None
+        if (table.schema.metadata or {}).get(b"replay.cache_key", b"").decode() != key:
+            return None
+        records: list[dict[str, Any]] = table.to_pylist()
+        return records
+
+    def put(self, path: str, columns: ScanColumns, records: Sequence[dict[str, Any]]) -> None:
+        import pyarrow.parquet as pq
+
+        key = self.key(path, columns)
+        if key is None:
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        schema = columns.record_schema().with_metadata({"replay.cache_key": key})
+        table = pa.Table.from_pylist(list(records), schema=schema)
+        entry = self._entry(path)
+        tmp = entry.with_suffix(".tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, entry)
+
+
+def scan_records(
+    spark: SparkSession, files: Sequence[str], columns: ScanColumns, cache: FileCache | None
+) -> tuple[list[dict[str, Any]], int]:
+    """The per-copy records of ``files``: from ``cache`` where it holds them, else scanned (and
+    cached). Also returns how many files were scanned."""
+    records: list[dict[str, Any]] = []
+    missing: list[str] = []
+    for path in files:
+        cached = cache.get(path, columns) if cache is not None else None
+        if cached is None:
+            missing.append(path)
+        else:
+            records += cached
+    fresh = scan_files(spark, missing, columns)
+    if cache is not None:
+        by_file: dict[str, list[dict[str, Any]]] = {path: [] for path in missing}
+        for rec in fresh:
+            by_file[rec["_file"]].append(rec)
+        for path, recs in by_file.items():
+            cache.put(path, columns, recs)
+    return records + fresh, len(missing)

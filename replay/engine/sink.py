@@ -1,0 +1,126 @@
+"""The batch pass's writer: one Spark action writes every table a micro-batch produces.
+
+A micro-batch produces rows for several destinations with different columns: the due windows
+of each window aggregation (the ``windows`` table), the windows it keeps open (one state
+directory per aggregation) and the late tuples (the ``late`` table). ``replay.engine.aggregate``
+unions them into one frame whose ``_part`` column names the destination, and runs
+``sink(...)`` over it with ``mapInArrow``: each task writes its rows of each part to one
+Parquet file of that part's directory (pyarrow, fsynced), and returns one small row per file
+(part, file, rows, owned tuples). Collecting those rows is the batch's only Spark action.
+
+Task attempts write files of their own (the attempt number and a random token are in the
+name); only the files the successful attempts return are kept (``keep_only``), so a retried
+task never leaves a duplicate row behind. The function ``sink`` returns is pickled by value
+and needs only pyarrow on the executors.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+__all__ = ["RESULT_SCHEMA", "Part", "Written", "keep_only", "sink"]
+
+RESULT_SCHEMA = "part string, file string, rows long, owned long"
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One destination: its directory, the frame's columns it takes (``(source, name)``, in
+    output order) and the Arrow schema (IPC-serialized) its files are written with."""
+
+    directory: str
+    columns: tuple[tuple[str, str], ...]
+    schema: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    part: str
+    file: str
+    rows: int
+    owned: int
+
+
+def sink(parts: Mapping[str, Part]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function writing each ``_part`` of its input to ``parts[_part]``."""
+    plan = {name: (p.directory, p.columns, p.schema) for name, p in parts.items()}
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import uuid
+
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        task = f"{context.partitionId():05d}-{context.attemptNumber()}" if context else "00000-0"
+        token = uuid.uuid4().hex[:12]
+        schemas = {name: pa.ipc.read_schema(pa.py_buffer(raw)) for name, (_, _, raw) in plan.items()}
+        writers: dict[str, tuple[pq.ParquetWriter, str]] = {}
+        rows: dict[str, int] = {}
+        owned: dict[str, int] = {}
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            part_column = batch.column("_part")
+            for name in pc.unique(part_column).to_pylist():
+                if name not in plan:
+                    continue  # a branch that exists only to be counted (observed metrics)
+                chunk = batch.filter(pc.equal(part_column, name))
+                directory, columns, _ = plan[name]
+                schema = schemas[name]
+                table = pa.Table.from_arrays(
+                    [chunk.column(source) for source, _ in columns], names=[out for _, out in columns]
+                ).cast(schema)
+                if name not in writers:
+                    os.makedirs(directory, exist_ok=True)
+                    path = os.path.join(directory, f"part-{task}-{token}-{len(writers)}.parquet")
+                    writers[name] = (pq.ParquetWriter(path, schema), path)
+                writers[name][0].write_table(table)
+                rows[name] = rows.get(name, 0) + chunk.num_rows
+                if "_owned" in chunk.schema.names:
+                    owned[name] = owned.get(name, 0) + int(pc.sum(chunk.column("_owned")).as_py() or 0)
+        out: list[tuple[str, str, int, int]] = []
+        for name, (writer, path) in writers.items():
+            writer.close()
+            descriptor = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+            out.append((name, path, rows[name], owned.get(name, 0)))
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array([o[0] for o in out], pa.string()),
+                pa.array([o[1] for o in out], pa.string()),
+                pa.array([o[2] for o in out], pa.int64()),
+                pa.array([o[3] for o in out], pa.int64()),
+            ],
+            names=["part", "file", "rows", "owned"],
+        )
+
+    return write
+
+
+def keep_only(directories: Sequence[str], written: Sequence[Written]) -> None:
+    """Delete the files in ``directories`` that no successful task attempt returned, and fsync
+    the directories (their entries are part of what a commit points to)."""
+    keep = {os.path.abspath(w.file) for w in written}
+    for directory in dict.fromkeys(directories):
+        root = Path(directory)
+        if not root.is_dir():
+            continue
+        for path in root.iterdir():
+            if str(path.absolute()) not in keep:
+                path.unlink()
+        descriptor = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)

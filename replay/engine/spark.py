@@ -1,0 +1,145 @@
+"""The one place a SparkSession is built.
+
+``local[*]`` embedded by default; any ``spark://`` (or other) master URL from the
+job's ``spark.master`` setting. Settings that Replay relies on are forced here:
+UTC session time zone (timestamps are instants) and Parquet metadata columns.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from replay.core.errors import ConfigError, Location
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from replay.core.config import SparkSettings
+
+__all__ = ["check_java", "driver_java_options", "get_session", "job_progress"]
+
+_DEFAULTS = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    # Replay's shuffles are over buffer metadata or per-batch partial aggregates,
+    # both small: a few partitions per core beat Spark's default of 200.
+    "spark.sql.shuffle.partitions": "8",
+    "spark.sql.adaptive.enabled": "true",
+    # PySpark's DataFrame debugging records the Python call site of every DataFrame and Column
+    # call in the JVM: four more py4j round trips per call, 40 % of a micro-batch's plan
+    # building (docs/performance.md). Replay's errors name files, origins and sequences instead.
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
+}
+
+
+def check_java() -> None:
+    """Fail early, with install instructions, when no Java runtime is on the machine.
+
+    Raises:
+        ConfigError: neither ``JAVA_HOME`` nor ``java`` on the PATH.
+    """
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and os.path.exists(os.path.join(java_home, "bin", "java")):
+        return
+    if shutil.which("java"):
+        return
+    raise ConfigError(
+        "no Java runtime found: PySpark needs Java 17",
+        where=Location(extra={"JAVA_HOME": java_home or "(unset)"}),
+        todo=(
+            "install Java 17 (Debian/Ubuntu: 'apt-get install openjdk-17-jre-headless'; "
+            "macOS: 'brew install openjdk@17') or set JAVA_HOME to a Java 17 installation"
+        ),
+        code="env.no_java",
+    )
+
+
+def driver_java_options() -> str:
+    """The driver's JVM options Replay sets: its log4j2 configuration (warnings and errors only).
+
+    spark-submit callers pass it as ``--conf spark.driver.extraJavaOptions=...``: the JVM is
+    started before Replay's code runs.
+    """
+    log_config = Path(__file__).with_name("log4j2.properties")
+    return f"-Dlog4j2.configurationFile={log_config.as_uri()}"
+
+
+def get_session(settings: SparkSettings | None = None, *, app_name: str = "replay") -> SparkSession:
+    """Return the active SparkSession, or build one from ``settings``.
+
+    An already active session (a test session, a notebook) is reused as it is: its master and
+    configuration belong to whoever started it. Under spark-submit (which starts the JVM and hands
+    this process its gateway), the session takes spark-submit's master and driver options; the
+    job's ``spark.master`` is not applied, its ``spark.conf`` and Replay's settings are.
+    """
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    if not submitted:
+        check_java()
+    master = settings.master if settings is not None else "local[*]"
+    # The batch pass writes its tables from Python workers (pyarrow): they run this interpreter
+    # unless the deployment names another one.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder
+    conf = dict(_DEFAULTS)
+    if not submitted:  # spark-submit's --master, --name and driver options stand
+        builder = builder.appName(app_name)
+        if master.startswith("local"):
+            # An embedded driver talks to itself only: bind to loopback instead of guessing an interface.
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = builder.master(master)
+        conf["spark.driver.extraJavaOptions"] = driver_java_options()
+    if settings is not None:
+        conf.update(settings.conf)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+@contextmanager
+def job_progress(
+    session: SparkSession, report: Callable[[int, int], None] | None, *, interval: float = 0.5
+) -> Iterator[None]:
+    """While the block runs, report (finished tasks, known tasks) of the session's active stages.
+
+    Polls Spark's status tracker from a daemon thread; no-op when ``report`` is ``None``.
+    """
+    if report is None:
+        yield
+        return
+    tracker = session.sparkContext.statusTracker()
+    stop = threading.Event()
+    seen: dict[int, tuple[int, int]] = {}
+
+    def poll() -> None:
+        while not stop.wait(interval):
+            for stage_id in tracker.getActiveStageIds():
+                info = tracker.getStageInfo(stage_id)
+                if info is not None:
+                    seen[stage_id] = (info.numCompletedTasks, info.numTasks)
+            done = sum(d for d, _ in seen.values())
+            total = sum(t for _, t in seen.values())
+            if total:
+                report(done, total)
+
+    thread = threading.Thread(target=poll, name="replay-spark-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

@@ -1,0 +1,231 @@
+"""Windows and mergeable partial aggregates in Spark (docs/semantics.md#windows, #aggregates).
+
+A window aggregation (``WindowSpec``) is computed in three steps that keep every
+per-tuple operation inside Spark:
+
+1. ``partials``: the on-time tuples of one micro-batch are assigned to their
+   windows (``[start, start + size)``, starts ``offset + j * slide``: the formulas of
+   ``replay.core.window_kinds``, here on Spark Columns) and reduced
+   to one partial row per (grouping key, window start);
+2. ``merge``: partials of earlier batches (the open-window state carried in the
+   checkpoint) and of this batch are merged per (key, start);
+3. ``finalize``: a window whose end the effective watermark has reached becomes
+   one row of the ``windows`` table.
+
+Every partial is exactly mergeable, so results do not depend on how a run was
+cut into batches; what each aggregation function carries, merges and emits is
+its entry in the registry ``replay.engine.aggregations.FUNCTIONS`` (see docs/semantics.md).
+
+Two bookkeeping partials are always present: ``_rows`` (on-time tuples in the
+window; every window in the state has at least one, so a window with no on-time
+tuple never exists) and ``_owned`` (tuples whose latest window this is: every
+on-time tuple is owned by exactly one window, which is what the ledger counts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from replay.core.config import Aggregation, WindowSpec
+from replay.core.window_kinds import shape_of
+from replay.engine.aggregations import FLOAT_SUM_TYPE, FUNCTIONS
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import DataType, StructType
+
+__all__ = [
+    "FLOAT_SUM_TYPE",
+    "WindowColumns",
+    "aggregated_types",
+    "final_columns",
+    "finalize",
+    "merge",
+    "output_columns",
+    "owner_start",
+    "partials",
+    "window_end",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WindowColumns:
+    """The physical inputs of one window aggregation.
+
+    ``event_micros``: the name of a long column holding the event time in microseconds;
+    ``key``: the grouping key column; ``types``: Spark type of every aggregated column.
+    ``range_start``/``range_end``: with a backfill range, only windows entirely inside
+    ``[range_start, range_end)`` are produced (microseconds; ``None``: unbounded).
+    """
+
+    event_micros: str
+    key: str
+    types: dict[str, DataType]
+    range_start: int | None = None
+    range_end: int | None = None
+
+
+def _q(name: str) -> str:
+    return f"`{name}`"
+
+
+def aggregated_types(specs: Sequence[WindowSpec], schema: StructType) -> dict[str, DataType]:
+    """The Spark type of every column the window aggregations ``specs`` aggregate, from ``schema``."""
+    return {a.column: schema[a.column].dataType for spec in specs for a in spec.aggregations if a.column is not None}
+
+
+def _partial_exprs(spec: WindowSpec, cols: WindowColumns, member: Column, owned: Column) -> list[Column]:
+    from pyspark.sql import functions as F
+
+    exprs = [
+        F.count(F.when(member, F.lit(1))).alias("_rows"),
+        F.count(F.when(member, F.when(owned, 1))).alias("_owned"),
+    ]
+    for i, agg in enumerate(spec.aggregations):
+        if agg.column is not None:
+            value = F.when(member, F.col(_q(agg.column)))
+            exprs += FUNCTIONS[agg.fn].partial(i, value, cols.types[agg.column])
+    return exprs
+
+
+def _merge_exprs(spec: WindowSpec, cols: WindowColumns) -> list[Column]:
+    from pyspark.sql import functions as F
+
+    exprs = [F.sum("_rows").cast("long").alias("_rows"), F.sum("_owned").cast("long").alias("_owned")]
+    for i, agg in enumerate(spec.aggregations):
+        if agg.column is not None:
+            exprs += FUNCTIONS[agg.fn].merge(i, cols.types[agg.column])
+    return exprs
+
+
+class _ColumnOps:
+    """``replay.core.window_kinds``' arithmetic on Spark Columns."""
+
+    def lit(self, value: int) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.lit(value)
+
+    def pmod(self, value: Column, divisor: int) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.pmod(value, F.lit(divisor))
+
+    def least(self, a: Column, b: Column) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.least(a, b)
+
+
+COLUMN_OPS = _ColumnOps()
+
+
+def owner_start(t: Column, spec: WindowSpec, cols: WindowColumns) -> Column:
+    """The start of the window that owns event time ``t`` (``WindowShape.owner``)."""
+    start: Column = shape_of(spec).owner(t, cols.range_end, COLUMN_OPS)
+    return start
+
+
+def window_end(start: Column, spec: WindowSpec) -> Column:
+    """The end of the window of ``spec`` starting at ``start`` (``WindowShape.end``)."""
+    end: Column = shape_of(spec).end(start, COLUMN_OPS)
+    return end
+
+
+def partials(
+    rows: DataFrame,
+    spec: WindowSpec,
+    cols: WindowColumns,
+    *,
+    on_time: Column | None = None,
+    extra: Sequence[Column] = (),
+) -> DataFrame:
+    """One partial row per (key, window start) over ``rows``.
+
+    Columns: ``key``, ``window_start`` (long microseconds), ``_rows``, ``_owned``, the
+    aggregation partials, then ``extra``. Only rows where ``on_time`` holds (all, by
+    default) enter windows; with a backfill range only windows inside it are kept, and a
+    tuple is owned by the latest of its windows that is kept. The other rows still go
+    through the aggregation, so ``extra`` aggregates can count every row in the same
+    pass: each row appears once with ``_first`` true (sliding windows repeat rows). Groups
+    with ``_rows == 0`` hold no window: callers drop them before merging.
+    """
+    from pyspark.sql import functions as F
+
+    shape = shape_of(spec)
+    t = F.col(_q(cols.event_micros))
+    member = F.lit(True) if on_time is None else on_time
+    if shape.per_tuple == 1:
+        assigned = rows.withColumn("_start", shape.last_start(t, COLUMN_OPS)).withColumn("_first", F.lit(True))
+    else:
+        assigned = (
+            rows.withColumn("_j", F.explode(F.sequence(F.lit(0), F.lit(shape.per_tuple - 1))))
+            .withColumn("_start", shape.start(t, F.col("_j"), COLUMN_OPS))
+            .withColumn("_first", F.col("_j") == 0)
+        )
+        member = member & shape.holds(F.col("_start"), t, COLUMN_OPS)
+    if cols.range_start is not None:
+        member = member & (F.col("_start") >= F.lit(cols.range_start))
+    if cols.range_end is not None:
+        member = member & (shape.end(F.col("_start"), COLUMN_OPS) <= F.lit(cols.range_end))
+    owned = F.col("_start") == owner_start(t, spec, cols)
+    return assigned.groupBy(F.col(_q(cols.key)).alias("key"), F.col("_start").alias("window_start")).agg(
+        *_partial_exprs(spec, cols, member, owned), *extra
+    )
+
+
+def merge(parts: Sequence[DataFrame], spec: WindowSpec, cols: WindowColumns) -> DataFrame:
+    """Merge partial frames (same columns as ``partials``) per (key, window start)."""
+    frames = list(parts)
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.unionByName(frame)
+    return union.groupBy("key", "window_start").agg(*_merge_exprs(spec, cols))
+
+
+def _final(agg: Aggregation, i: int, cols: WindowColumns) -> Column:
+    from pyspark.sql import functions as F
+
+    if agg.column is None:
+        return F.col("_rows")  # count of rows: every window carries it
+    return FUNCTIONS[agg.fn].final(i, cols.types[agg.column])
+
+
+def output_columns(specs: Sequence[WindowSpec], types: dict[str, DataType]) -> list[tuple[str, DataType]]:
+    """The aggregation columns of the ``windows`` table: the union over ``specs``, in first-seen order."""
+    from pyspark.sql.types import LongType
+
+    out: dict[str, DataType] = {}
+    for spec in specs:
+        for agg in spec.aggregations:
+            if agg.output_name not in out:
+                out[agg.output_name] = (
+                    LongType() if agg.column is None else FUNCTIONS[agg.fn].output_type(types[agg.column])
+                )
+    return list(out.items())
+
+
+def final_columns(spec: WindowSpec, cols: WindowColumns, columns: Sequence[tuple[str, DataType]]) -> list[Column]:
+    """The ``windows`` table's columns computed from a merged partial row of ``spec``: ``window,
+    wm_key, key, window_start, window_end`` (timestamps) and ``columns`` (null where ``spec`` has
+    no such aggregation)."""
+    from pyspark.sql import functions as F
+
+    mine = {agg.output_name: _final(agg, i, cols) for i, agg in enumerate(spec.aggregations)}
+    return [
+        F.lit(spec.name).alias("window"),
+        F.lit(spec.wm_key).alias("wm_key"),
+        F.col("key"),
+        F.timestamp_micros("window_start").alias("window_start"),
+        F.timestamp_micros(window_end(F.col("window_start"), spec)).alias("window_end"),
+        *[(mine[name] if name in mine else F.lit(None)).cast(data_type).alias(name) for name, data_type in columns],
+    ]
+
+
+def finalize(
+    merged: DataFrame, spec: WindowSpec, cols: WindowColumns, columns: Sequence[tuple[str, DataType]]
+) -> DataFrame:
+    """Rows of the ``windows`` table from merged partials (``final_columns``)."""
+    return merged.select(*final_columns(spec, cols, columns))

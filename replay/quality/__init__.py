@@ -1,0 +1,1 @@
+"""Data quality of an output version: Great Expectations validation and the HTML report."""

@@ -1,0 +1,133 @@
+"""Windows of the reference model (docs/semantics.md#windows), the naive way.
+
+Private to ``replay.reference.model``: every window is rebuilt from the list of on-time
+tuples, with plain Python aggregates. Time is integer microseconds; windows are
+half-open ``[start, end)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from replay.core.config import Aggregation, ColumnMapping, WindowSpec
+
+__all__ = ["WindowRow", "aggregate", "build_windows", "window_starts"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WindowRow:
+    """One window of one grouping key: ``[window_start, window_end)`` in microseconds.
+
+    ``values`` holds ``(output_name, value)`` pairs in the window spec's aggregation order.
+    """
+
+    window: str
+    wm_key: str
+    key: object
+    window_start: int
+    window_end: int
+    values: tuple[tuple[str, object], ...]
+
+
+def window_starts(t: int, *, size: int, slide: int, offset: int) -> list[int]:
+    """Starts of every window ``[start, start + size)`` holding event time ``t``, ascending.
+
+    Starts are ``offset + j * slide`` for every integer ``j`` (all in microseconds).
+    """
+    last = t - (t - offset) % slide  # the largest start <= t (Python's % is a floor modulo)
+    starts = []
+    start = last
+    while start + size > t:
+        starts.append(start)
+        start -= slide
+    return sorted(starts)
+
+
+def _sum(values: list[object]) -> object:
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return sum(values)  # type: ignore[arg-type]
+    # Correctly rounded, so the reference does not depend on the order of the tuples.
+    return math.fsum(values)  # type: ignore[arg-type]
+
+
+def aggregate(aggregation: Aggregation, values: Sequence[object]) -> object:
+    """One aggregate over a window's column values, with SQL null rules.
+
+    ``values`` are the rows' values of ``aggregation.column`` (or one entry per row for a
+    plain ``count``). ``count`` of a column counts non-null values; ``sum``, ``min``, ``max``
+    and ``mean`` are ``None`` when every value is null; ``mean`` is a float; the sum of
+    integers is an integer; ``approx_count_distinct`` is the exact number of distinct
+    non-null values (the engine's estimate is compared with a tolerance).
+    """
+    if aggregation.fn == "count" and aggregation.column is None:
+        return len(values)
+    present = [v for v in values if v is not None]
+    if aggregation.fn == "count":
+        return len(present)
+    if aggregation.fn == "approx_count_distinct":
+        return len(set(present))
+    if not present:
+        return None
+    if aggregation.fn == "sum":
+        return _sum(present)
+    if aggregation.fn == "min":
+        return min(present)  # type: ignore[type-var]
+    if aggregation.fn == "max":
+        return max(present)  # type: ignore[type-var]
+    if aggregation.fn == "mean":
+        return math.fsum(present) / len(present)  # type: ignore[arg-type]
+    raise AssertionError(f"unknown aggregation {aggregation.fn}")
+
+
+def build_windows(
+    specs: Iterable[WindowSpec],
+    *,
+    on_time: Mapping[str, Sequence[Mapping[str, object]]],
+    event_time_column: Mapping[str, str],
+    effective_watermark: Mapping[str, int],
+    columns: ColumnMapping,
+) -> tuple[tuple[WindowRow, ...], tuple[WindowRow, ...]]:
+    """Every window with at least one on-time tuple, split into (emitted, open).
+
+    ``on_time[k]`` holds the on-time tuples (physical column name -> value) of decided
+    buffers for watermark key ``k``; ``event_time_column[k]`` names their event-time
+    column. A window of key ``k`` is emitted iff ``window_end <= effective_watermark[k]``.
+    Both tuples are sorted by (window name, ``repr`` of the grouping key, window start).
+    """
+    key_column = columns.resolve("key")
+    emitted: list[WindowRow] = []
+    still_open: list[WindowRow] = []
+    for spec in specs:
+        et_column = event_time_column[spec.wm_key]
+        members: dict[tuple[object, int], list[Mapping[str, object]]] = {}
+        for row in on_time[spec.wm_key]:
+            t = row.get(et_column)
+            if not isinstance(t, int):
+                continue  # a null event time takes no part in this key
+            starts = window_starts(t, size=spec.size, slide=spec.effective_slide, offset=spec.offset)
+            for start in starts:
+                members.setdefault((row.get(key_column), start), []).append(row)
+        for (key, start), rows in members.items():
+            values = tuple(
+                (
+                    agg.output_name,
+                    aggregate(agg, [row.get(columns.resolve(agg.column)) if agg.column else 1 for row in rows]),
+                )
+                for agg in spec.aggregations
+            )
+            window = WindowRow(
+                window=spec.name,
+                wm_key=spec.wm_key,
+                key=key,
+                window_start=start,
+                window_end=start + spec.size,
+                values=values,
+            )
+            (emitted if window.window_end <= effective_watermark[spec.wm_key] else still_open).append(window)
+
+    def order(w: WindowRow) -> tuple[str, str, int]:
+        return (w.window, repr(w.key), w.window_start)
+
+    return tuple(sorted(emitted, key=order)), tuple(sorted(still_open, key=order))

@@ -1,0 +1,128 @@
+"""Deduplication against the checkpoint and the arrival order of a run's new buffers
+(docs/archive.md#copies-duplicates-and-conflicts, docs/semantics.md#lateness)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+
+from replay.core.config import JobConfig
+from replay.core.errors import ConflictingDuplicateError, Location
+from replay.core.progress import arrival_order
+from replay.core.vocabulary import ConflictPolicy, IntegrityKind, Lateness
+from replay.engine.buffers import Buffer, BufferScan, Conflict, DuplicateCopy
+from replay.runner.resume import State
+from replay.store import state as _state
+from replay.store.checkpoint import CheckpointStore
+
+__all__ = ["deduplicate", "discard", "other_copies"]
+
+
+Hasher = Callable[[Sequence[tuple[str, int, int, int, int]]], Mapping[tuple[str, int], str]]
+
+
+def deduplicate(
+    scan: BufferScan, state: State, store: CheckpointStore, config: JobConfig, mode: str, hasher: Hasher
+) -> tuple[list[Buffer], list[_state.Discarded]]:
+    """The scanned buffers this run feeds, in arrival order (sequence order in origin mode), and the
+    copies it discards.
+
+    A buffer already replayed that arrives again is compared by content with the replayed copy;
+    ``hasher`` computes the content hashes the scan did not (``(file, origin, sequence, chunk,
+    row_start)`` to hash, by ``(file, row_start)``), re-reading the replayed copy's rows.
+
+    Raises:
+        ConflictingDuplicateError: a buffer already replayed arrives again with other content,
+            under ``on_conflict: fail``.
+    """
+    # Deduplicate against the checkpoint: a copy already consumed (its file was re-read) is
+    # skipped; another copy of a known buffer is a duplicate, or a conflict. Only an identity
+    # the engine has seen can be either, so the history is read only when the scan meets one.
+    seen = state.engine.seen
+    if (
+        any(seen(b.identity) for b in scan.buffers)
+        or any(seen((d.origin, d.sequence, d.chunk)) for d in scan.duplicates)
+        or any(seen((c.origin, c.sequence, c.chunk)) for c in scan.conflicts)
+    ):
+        state.load_history(store)
+    new: list[Buffer] = []
+    discarded: list[_state.Discarded] = []
+    again = [
+        (buf, state.known[buf.identity])
+        for buf in scan.buffers
+        if (buf.file, buf.row_start) not in state.known_copies and buf.identity in state.known
+    ]
+    hashes = dict(hasher([(c.file, *c.identity, c.row_start) for pair in again for c in pair])) if again else {}
+    for buf in scan.buffers:
+        if (buf.file, buf.row_start) in state.known_copies:
+            continue
+        known = state.known.get(buf.identity)
+        if known is None:
+            new.append(buf)
+            continue
+        mine = hashes.get((buf.file, buf.row_start), buf.content_hash)
+        kept = hashes.get((known.file, known.row_start), known.content_hash)
+        if not kept:
+            # The replayed copy's file no longer holds it: compare what the checkpoint recorded.
+            same = (known.rows, known.tuples, known.last_chunk, known.watermarks) == (
+                buf.rows,
+                buf.tuples,
+                buf.last_chunk,
+                buf.watermarks,
+            )
+        else:
+            same = mine == kept
+        kind = IntegrityKind.DUPLICATE if same else IntegrityKind.CONFLICT
+        if kind == IntegrityKind.CONFLICT and config.on_conflict == ConflictPolicy.FAIL:
+            raise ConflictingDuplicateError(
+                f"buffer archived again with different content: in {known.file} (row {known.row_start}, "
+                f"already replayed) and {buf.file} (row {buf.row_start})",
+                where=Location(origin=buf.origin, sequence=buf.sequence, chunk=buf.chunk, file=buf.file),
+                todo="find out which copy is right and remove the other, or set 'on_conflict: keep_first' "
+                "to keep the replayed copy (the conflict is still reported)",
+            )
+        discarded.append(discard(kind, buf, buf.file, buf.row_start, buf.tuples, known.file))
+    for dup in scan.duplicates:
+        if (dup.file, dup.row_start) not in state.known_copies:
+            discarded.append(discard(IntegrityKind.DUPLICATE, dup, dup.file, dup.row_start, dup.tuples, dup.kept_file))
+    for con in scan.conflicts:
+        if (con.other_file, con.other_row) not in state.known_copies:
+            discarded.append(
+                discard(IntegrityKind.CONFLICT, con, con.other_file, con.other_row, con.other_tuples, con.kept_file)
+            )
+
+    if mode == Lateness.ARRIVAL:
+        clock = state.engine.clock
+        if clock is not None:
+            # Buffers that reach an incremental run with an ingest_ts before the checkpoint's
+            # clock arrive now, for the replay (docs/semantics.md).
+            new = [b if b.ingest is None or b.ingest >= clock else replace(b, ingest=clock) for b in new]
+        new = arrival_order(new)
+    else:
+        new = sorted(new, key=lambda b: (b.sequence, b.origin, b.chunk))
+    return new, discarded
+
+
+def other_copies(discarded: Sequence[_state.Discarded]) -> dict[tuple[int, int, int], frozenset[str]]:
+    """Per identity with discarded copies, the files those copies are in."""
+    files: dict[tuple[int, int, int], set[str]] = defaultdict(set)
+    for c in discarded:
+        files[(c.origin, c.sequence, c.chunk)].add(c.file)
+    return {identity: frozenset(f) for identity, f in files.items()}
+
+
+def discard(
+    kind: str, copy: Buffer | DuplicateCopy | Conflict, file: str, row_start: int, tuples: int, kept_file: str
+) -> _state.Discarded:
+    """The record of a copy that was read but not kept (``kind``: duplicate or conflict)."""
+    return _state.Discarded(
+        kind=str(kind),
+        origin=copy.origin,
+        sequence=copy.sequence,
+        chunk=copy.chunk,
+        file=file,
+        row_start=row_start,
+        tuples=tuples,
+        kept_file=kept_file,
+    )

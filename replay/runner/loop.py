@@ -1,0 +1,384 @@
+"""``replay run``: micro-batches, exactly-once checkpoints and versioned outputs (docs/outputs.md).
+
+A run:
+
+1. takes the checkpoint's single-writer lock and checks the job's fingerprint;
+2. restores the progress engine from the last commit's snapshot (``replay.runner.resume``): a
+   bounded number of files, whatever the number of batches before it;
+3. finds the files not consumed yet (or, after a crash, the interrupted run's files, from
+   its intent), scans their buffers (metadata only) and deduplicates them against the
+   checkpoint;
+4. cuts the new buffers, in arrival order (sequence order in origin mode), into
+   micro-batches of at most ``max_buffers`` buffers and ``max_tuples`` tuples, and records
+   the run's files and cut in its intent (once, before its first batch);
+5. per batch: feeds the engine, runs the batch's tuple work in Spark
+   (``replay.engine.aggregate``), checks the ledger, stages its files, appends it to the batch
+   log and commits atomically (a commit of fixed size: pointers and totals);
+6. at the end of the run, writes the ``integrity`` table and a new output version.
+
+A crash anywhere loses nothing: the next run resumes from the last commit, deletes what
+uncommitted batches staged, and redoes the rest of the run with the same cut.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from replay.core.config import JobConfig
+from replay.core.errors import ConfigError, Location, ReplayError
+from replay.core.paths import local_path
+from replay.core.timeutil import format_ts
+from replay.engine.archive import (
+    discover_files,
+    inspect_schema,
+    resolve_lateness,
+    spark_schema,
+)
+from replay.engine.buffers import content_hashes, scan_buffers
+from replay.engine.inspection import participants_of
+from replay.engine.scan import FileCache
+from replay.runner.batch import Batch, RunContext, fault, process
+from replay.runner.dedup import deduplicate
+from replay.runner.plan import cut_batches, file_stamp, plan_batches
+from replay.runner.resume import rebuild
+from replay.store import state as _state
+from replay.store.checkpoint import CheckpointStore, LockInfo
+from replay.store.outputs import list_versions, read_manifest
+from replay.store.records import Commit, RunIntent
+from replay.store.tables import write_run_version
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["RunSummary", "default_checkpoint", "run"]
+
+Event = Callable[[str, int, int], None]
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSummary:
+    """What a run did. Watermarks are int microseconds (``NEG_INF``: none yet)."""
+
+    output: str
+    checkpoint: str
+    version: int | None
+    new_version: bool
+    resumed: bool
+    batches: int
+    buffers: int
+    tuples_read: int
+    windows_emitted: int
+    open_windows: int
+    late_tuples: dict[str, int]
+    pending_tuples: int
+    duplicate_copies: int
+    watermarks: dict[str, tuple[int, int]]  # key -> (G_k, E_k)
+    seconds: float
+    stale_lock: LockInfo | None = None
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "output": self.output,
+            "checkpoint": self.checkpoint,
+            "version": self.version,
+            "new_version": self.new_version,
+            "resumed": self.resumed,
+            "batches": self.batches,
+            "buffers": self.buffers,
+            "tuples_read": self.tuples_read,
+            "windows_emitted": self.windows_emitted,
+            "open_windows": self.open_windows,
+            "late_tuples": self.late_tuples,
+            "pending_tuples": self.pending_tuples,
+            "duplicate_copies": self.duplicate_copies,
+            "watermarks": {
+                k: {"global": format_ts(g), "effective": format_ts(e)} for k, (g, e) in self.watermarks.items()
+            },
+            "seconds": round(self.seconds, 3),
+            "notes": list(self.notes),
+        }
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def default_checkpoint(output: str, start: int | None, end: int | None) -> str:
+    """Where a run keeps its checkpoint when the job names none: under the output."""
+    if start is None and end is None:
+        return str(Path(output) / "_checkpoints" / "full")
+    lo = "inf" if start is None else format_ts(start)
+    hi = "inf" if end is None else format_ts(end)
+    return str(Path(output) / "_checkpoints" / f"range_{lo}_{hi}".replace(":", ""))
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def run(
+    config: JobConfig,
+    *,
+    start: int | None = None,
+    end: int | None = None,
+    spark: SparkSession | None = None,
+    on_event: Event | None = None,
+) -> RunSummary:
+    """Replay the archive into the output, resuming from the checkpoint (docs/outputs.md#exactly-once).
+
+    ``start``/``end``: an event-time backfill range ``[start, end)`` in microseconds;
+    only windows entirely inside it are produced, and only tuples inside it are written
+    to ``late``. ``on_event(step, done, total)`` reports progress (``scan``, ``batch``).
+
+    Raises:
+        ConfigError: no output, an incompatible checkpoint, bad range (exit code 2).
+        ConcurrentWriterError: another process holds the checkpoint.
+        ReplayError: bad input (docs/errors.md#bad-input); nothing is committed for the failing batch.
+    """
+    began = time.perf_counter()
+    if not config.output:
+        raise ConfigError(
+            "the job has no output location",
+            where=Location(field="output"),
+            todo="set 'output' in the job file or pass --output",
+        )
+    for name, bound in (("start", start), ("end", end)):
+        if bound is not None and not -62_135_596_800_000_000 <= bound <= 253_402_300_799_999_999:
+            raise ConfigError(
+                f"the backfill {name} {bound} (microseconds since the epoch) is outside the years 1 to 9999",
+                where=Location(field=name),
+                todo=f"pass a {name} between 0001-01-01 and 9999-12-31, or none for an open range",
+            )
+    if start is not None and end is not None and start >= end:
+        raise ConfigError(
+            f"the backfill range is empty: start {format_ts(start)} is not before end {format_ts(end)}",
+            where=Location(field="start"),
+            todo="pass --start earlier than --end (the range is [start, end))",
+        )
+    output = str(Path(config.output).absolute()) if local_path(config.output) is not None else config.output
+    checkpoint = config.checkpoint or default_checkpoint(output, start, end)
+    # Absolute for the same reason as the output: Spark writes the open-window state, and the JVM
+    # resolves a relative path against its own working directory, not this process's.
+    checkpoint = str(Path(checkpoint).absolute()) if local_path(checkpoint) is not None else checkpoint
+    store = CheckpointStore(checkpoint)
+    result_fields = config.fingerprint_fields() | {"range": [format_ts(start), format_ts(end)]}
+    fingerprint = hashlib.sha256(json.dumps(result_fields, sort_keys=True).encode()).hexdigest()
+
+    def event(step: str, done: int, total: int) -> None:
+        if on_event is not None:
+            on_event(step, done, total)
+
+    with store.lock() as stale:
+        identity = store.bind(fingerprint=fingerprint, fields=result_fields, output=output)
+        runner = _Runner(
+            config=config,
+            store=store,
+            identity=identity,
+            output=Path(output),
+            range=(start, end),
+            spark=spark,
+            event=event,
+        )
+        summary = runner.execute()
+    return replace(summary, stale_lock=stale, seconds=time.perf_counter() - began)
+
+
+class _Runner:
+    def __init__(
+        self,
+        *,
+        config: JobConfig,
+        store: CheckpointStore,
+        identity: Mapping[str, Any],
+        output: Path,
+        range: tuple[int | None, int | None],
+        spark: SparkSession | None,
+        event: Event,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.cid = str(identity["id"])
+        self.output = output
+        self.range = range
+        self._spark = spark
+        self.event = event
+        self.notes: list[str] = []
+        # Commits are never changed once written: pruning after every batch reads each retained one once.
+        self._records: dict[int, Commit] = {}
+        self._progress: tuple[int, dict[str, Any]] | None = None  # the last batch's progress report
+
+    @property
+    def spark(self) -> SparkSession:
+        if self._spark is None:
+            from replay.engine.spark import get_session
+
+            self._spark = get_session(self.config.spark)
+        return self._spark
+
+    # -- the pieces ---------------------------------------------------------------------------
+
+    def _dirs(self) -> dict[Path, str]:
+        """The output table directories and the prefix of this checkpoint's entries in them."""
+        prefix = f"{self.cid}-b"
+        return {self.output / "data" / table: prefix for table in ("windows", "late", "progress")}
+
+    def _listed(self, after: int) -> set[str]:
+        """Output entries that output versions written after batch ``after`` list: never leftovers,
+        even when the commit that staged them was set aside as corrupt and its batch is redone."""
+        keep: set[str] = set()
+        for version in reversed(list_versions(self.output)):
+            try:
+                manifest = read_manifest(self.output, version)
+            except (OSError, ValueError, ReplayError):
+                continue
+            mine = manifest.get("checkpoint_id") == self.cid and manifest.get("kind", "run") == "run"
+            if mine and int(manifest.get("batch", 0)) <= after:
+                break  # versions are written in batch order: the older ones list older batches
+            keep |= {str(self.output / p) for paths in manifest.get("tables", {}).values() for p in paths}
+        return keep
+
+    def execute(self) -> RunSummary:
+        store, config = self.store, self.config
+        point = store.resume_point(self.output, repair=True)
+        commit = point.commit
+        for line in point.skipped:
+            self.notes.append(f"checkpoint.corrupt: {line}; set aside, its batch is redone")
+        if point.skipped and commit is not None:
+            self.notes.append(f"resuming from commit {commit.batch}, the newest intact one")
+        after = commit.batch if commit else 0
+        # The run to do: the one the last commit did not finish, or a new one. Its intent, when it
+        # was written, fixes its files and its cut.
+        run_number = 1 if commit is None else (commit.run if not commit.finish else commit.run + 1)
+        intent = store.run_intent(run_number)
+        store.drop_run_intents(after=run_number)
+        removed = store.remove_leftovers(after, self._dirs(), self._listed(after))
+        resumed = intent is not None or bool(removed)
+        if removed:
+            self.notes.append(f"removed {len(removed)} staged file(s) of an uncommitted batch")
+
+        consumed = _state.read_consumed(store.root / commit.consumed) if commit and commit.consumed else {}
+        if intent is not None:
+            run_files = list(intent.files)
+        else:
+            run_files = [f for f in discover_files(config.archive) if consumed.get(f) != file_stamp(f)]
+        if not run_files and commit is not None:
+            return self._finish_version(commit, batches=0, buffers=0, tuples=0, resumed=resumed)
+        if not run_files:
+            # A new checkpoint over an archive without files: let discovery raise its error.
+            run_files = discover_files(config.archive)
+
+        layout = inspect_schema(config, files=run_files, on_file=lambda d, t: self.event("footers", d, t))
+        mode = resolve_lateness(config, layout)
+        state = rebuild(store, config, layout, mode, commit)
+        self.event("scan", 0, 1)
+        scan = scan_buffers(
+            self.spark,
+            layout,
+            config,
+            strict=True,
+            event_times=self.range != (None, None),
+            cache=FileCache(store.root / "scan-cache"),
+        )
+        self.event("scan", 1, 1)
+        schema = spark_schema(layout)
+        state.spark_paths.update(scan.spark_paths)
+
+        def hasher(copies: Sequence[tuple[str, int, int, int, int]]) -> Mapping[tuple[str, int], str]:
+            hashes, paths = content_hashes(self.spark, layout, copies)
+            state.spark_paths.update(paths)
+            return hashes
+
+        new, discarded = deduplicate(scan, state, store, config, mode, hasher)
+
+        done = 0
+        if intent is None:
+            plan = plan_batches(new, config, None)
+            intent = RunIntent(
+                run=run_number,
+                first_batch=after + 1,
+                files=tuple(run_files),
+                cuts=tuple(len(b) for b in plan),
+            )
+            fault("before_intent", intent.first_batch)
+            store.write_run_intent(intent)
+            fault("after_intent", intent.first_batch)
+        else:
+            done = after - intent.first_batch + 1 if commit is not None and commit.run == intent.run else 0
+            cut = cut_batches(new, intent.cuts[done:])
+            if cut is not None:
+                plan = cut
+            else:
+                plan = plan_batches(new, config, None)
+                self.notes.append(
+                    f"the archive changed while run {run_number} was interrupted; its remaining "
+                    f"{len(new)} buffer(s) are cut again"
+                )
+        participants = participants_of(new, layout)
+        ctx = RunContext(
+            config=config,
+            store=store,
+            cid=self.cid,
+            output=self.output,
+            range=self.range,
+            layout=layout,
+            schema=schema,
+            mode=mode,
+            run=run_number,
+            run_files=tuple(run_files),
+        )
+        batches_done = 0
+        for index, batch_buffers in enumerate(plan):
+            batch_in = Batch(
+                buffers=batch_buffers,
+                join=participants if index == 0 and done == 0 else {},
+                discarded=discarded if index == 0 else [],
+                finish=index == len(plan) - 1,
+            )
+            commit, progress = process(ctx, state, batch_in, consumed, self.spark)
+            self._records[commit.batch] = commit
+            self._progress = (commit.batch, progress)
+            store.prune(config.retain, self._records)
+            self._records = {b: r for b, r in self._records.items() if b in set(store.commits())}
+            batches_done += 1
+            self.event("batch", index + 1, len(plan))
+        assert commit is not None
+        return self._finish_version(
+            commit, batches=batches_done, buffers=len(new), tuples=sum(b.tuples for b in new), resumed=resumed
+        )
+
+    def _finish_version(self, commit: Commit, *, batches: int, buffers: int, tuples: int, resumed: bool) -> RunSummary:
+        """Write the version of a finished run (once), and summarise."""
+        progress: Mapping[str, Any] = (
+            self._progress[1]
+            if self._progress is not None and self._progress[0] == commit.batch
+            else self.store.snapshot(commit).progress
+        )
+        existing, version = write_run_version(self.output, self.store, self.cid, self.config, commit, progress)
+        ledger = commit.ledger
+        keys = progress["keys"]
+        return RunSummary(
+            output=str(self.output),
+            checkpoint=str(self.store.root),
+            version=version,
+            new_version=existing is None and version is not None,
+            resumed=resumed,
+            batches=batches,
+            buffers=buffers,
+            tuples_read=tuples,
+            windows_emitted=sum(ledger["emitted_windows"].values()),
+            open_windows=sum(ledger["open_windows"].values()),
+            late_tuples={k["key"]: ledger["late"][i] for i, k in enumerate(keys)},
+            pending_tuples=commit.pending_tuples,
+            duplicate_copies=ledger["discarded_copies"],
+            watermarks={k["key"]: (k["global"], k["effective"]) for k in keys},
+            seconds=0.0,
+            notes=tuple(self.notes),
+        )

@@ -1,0 +1,71 @@
+"""The batch plan: which files a run reads, which buffers may hold tuples of a backfill range,
+and how the new buffers are cut into micro-batches (docs/outputs.md#micro-batches)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from replay.core.buffer import Buffer
+from replay.core.config import JobConfig
+from replay.core.paths import local_path
+
+__all__ = ["cut_batches", "file_stamp", "plan_batches", "relevant"]
+
+
+def file_stamp(path: str) -> list[int]:
+    local = local_path(path)
+    if local is None:
+        return [0, 0]
+    st = os.stat(local)
+    return [st.st_size, st.st_mtime_ns]
+
+
+def relevant(buf: Buffer, start: int | None, end: int | None) -> bool:
+    """Whether a buffer may hold a tuple with an event time in ``[start, end)`` for some key."""
+    if start is None and end is None:
+        return True
+    for lo, hi in zip(buf.min_event, buf.max_event, strict=True):
+        if lo is None or hi is None:
+            continue
+        if (start is None or hi >= start) and (end is None or lo < end):
+            return True
+    return False
+
+
+def plan_batches(buffers: Sequence[Buffer], config: JobConfig, first: int | None) -> list[list[Buffer]]:
+    """Cut ``buffers`` into batches of at most ``max_buffers`` buffers and ``max_tuples`` tuples
+    (at least one buffer each); ``first`` fixes the size of the first batch (a redone intent)."""
+    max_buffers = config.micro_batch.max_buffers
+    max_tuples = config.micro_batch.max_tuples
+    batches: list[list[Buffer]] = []
+    current: list[Buffer] = []
+    tuples = 0
+    rest = list(buffers)
+    if first is not None:
+        batches.append(rest[:first])
+        rest = rest[first:]
+    for buf in rest:
+        full = (max_buffers is not None and len(current) >= max_buffers) or (
+            max_tuples is not None and current and tuples + buf.tuples > max_tuples
+        )
+        if full:
+            batches.append(current)
+            current, tuples = [], 0
+        current.append(buf)
+        tuples += buf.tuples
+    if current or not batches:
+        batches.append(current)
+    return batches
+
+
+def cut_batches(buffers: Sequence[Buffer], cuts: Sequence[int]) -> list[list[Buffer]] | None:
+    """``buffers`` cut into batches of the sizes a run's intent recorded, or ``None`` when they do
+    not add up (the archive changed under an interrupted run)."""
+    if sum(cuts) != len(buffers) or not cuts:
+        return None
+    batches, at = [], 0
+    for size in cuts:
+        batches.append(list(buffers[at : at + size]))
+        at += size
+    return batches

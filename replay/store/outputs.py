@@ -1,0 +1,260 @@
+"""The output location: versioned tables (docs/outputs.md#output-location).
+
+Layout of an output directory::
+
+    data/<table>/<checkpoint id>-b<batch>-<token>[.parquet]   files written by committed batches
+    versions/<version>.json                                  one manifest per run: its tables' files
+    versions/<version>.validation.json                       the validation verdict of a version (``replay validate``)
+    current                                                  the published version (``replay publish``)
+
+A version is a manifest: for each table (``windows``, ``late``, ``progress``,
+``integrity``) the data files and directories that make it up, relative to the
+output root. Files are shared between versions (an incremental run's version is
+the previous one plus the new batches' files), never rewritten, so every earlier
+version stays readable. Manifests are written atomically and numbered with an
+exclusive create, so two checkpoints writing to one output cannot take the same
+number.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from replay.core.errors import ConfigError, DataError, Location
+from replay.store.checkpoint import FORMAT_VERSION, fsync_dir, write_json_atomic
+
+__all__ = [
+    "TABLES",
+    "current_version",
+    "decode_schema",
+    "encode_schema",
+    "latest_run_version",
+    "latest_version",
+    "list_versions",
+    "read_manifest",
+    "read_table",
+    "read_validation",
+    "resolve_version",
+    "table_files",
+    "write_manifest",
+    "write_parquet",
+    "write_validation",
+]
+
+TABLES = ("windows", "late", "progress", "integrity", "corrections")
+
+
+def _versions_dir(output: Path) -> Path:
+    return output / "versions"
+
+
+def list_versions(output: str | Path) -> list[int]:
+    """Version numbers present at ``output``, ascending."""
+    directory = _versions_dir(Path(output))
+    if not directory.exists():
+        return []
+    return sorted(int(p.stem) for p in directory.glob("*.json") if p.stem.isdigit())
+
+
+def latest_version(output: str | Path) -> int | None:
+    versions = list_versions(output)
+    return versions[-1] if versions else None
+
+
+def latest_run_version(output: str | Path) -> int | None:
+    """The newest version a run wrote (not a publication), or ``None``: what to validate and publish next."""
+    root = Path(output)
+    runs = [v for v in list_versions(root) if read_manifest(root, v).get("kind", "run") == "run"]
+    return runs[-1] if runs else None
+
+
+def current_version(output: str | Path) -> int | None:
+    """The published version (the ``current`` pointer), or ``None`` when nothing is published."""
+    pointer = Path(output) / "current"
+    if not pointer.exists():
+        return None
+    return int(json.loads(pointer.read_text(encoding="utf-8"))["version"])
+
+
+def resolve_version(output: str | Path, version: int | None) -> int:
+    """``version``, or the published one, or the newest one.
+
+    Raises:
+        ConfigError: the output has no versions, or not the one asked for.
+    """
+    versions = list_versions(output)
+    if not versions:
+        raise ConfigError(
+            "the output location holds no version",
+            where=Location(file=str(output)),
+            todo="run 'replay run' first, or point at the output directory a run wrote",
+            code="output.no_version",
+        )
+    if version is None:
+        current = current_version(output)
+        return current if current is not None else versions[-1]
+    if version not in versions:
+        raise ConfigError(
+            f"version {version} does not exist (versions: {', '.join(map(str, versions))})",
+            where=Location(file=str(output), field="version"),
+            todo="pick one of the listed versions",
+            code="output.no_version",
+        )
+    return version
+
+
+def read_manifest(output: str | Path, version: int) -> dict[str, Any]:
+    """A version's manifest (the one function that reads one).
+
+    Raises:
+        OSError: no such version file.
+        DataError: ``output.corrupt``: the file is not a whole JSON manifest, or was written
+            in a format this Replay does not read (a newer ``format_version``).
+    """
+    path = _versions_dir(Path(output)) / f"{version:06d}.json"
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    try:
+        manifest = json.loads(text)
+    except ValueError as exc:
+        raise DataError(
+            f"the manifest of output version {version} is not valid JSON ({exc})",
+            where=Location(file=str(path)),
+            todo="restore the file from a backup, or delete the version's manifest and run again to write a new one",
+            code="output.corrupt",
+        ) from None
+    found = manifest.get("format_version") if isinstance(manifest, dict) else None
+    if not isinstance(found, int) or found > FORMAT_VERSION:
+        raise DataError(
+            f"the manifest of output version {version} has format_version {found!r}; this Replay reads "
+            f"{FORMAT_VERSION} and below",
+            where=Location(file=str(path)),
+            todo="read this output with the Replay version that wrote it, or upgrade Replay",
+            code="output.corrupt",
+        )
+    return manifest  # type: ignore[no-any-return]
+
+
+def write_manifest(output: str | Path, manifest: Mapping[str, Any]) -> int:
+    """Write a new version's manifest with the next free number; return the number."""
+    directory = _versions_dir(Path(output))
+    directory.mkdir(parents=True, exist_ok=True)
+    while True:
+        version = (latest_version(output) or 0) + 1
+        document = {
+            "format_version": FORMAT_VERSION,
+            "version": version,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **manifest,
+        }
+        tmp = directory / f".{version:06d}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=1, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(tmp, directory / f"{version:06d}.json")  # fails if another writer took the number
+        except FileExistsError:
+            continue
+        finally:
+            tmp.unlink(missing_ok=True)
+        fsync_dir(directory)
+        return version
+
+
+def _validation_path(output: Path, version: int) -> Path:
+    return _versions_dir(output) / f"{version:06d}.validation.json"
+
+
+def read_validation(output: str | Path, version: int) -> dict[str, Any] | None:
+    """The validation record of ``version`` (written by ``replay validate``), or ``None`` if never validated.
+
+    The record: ``format_version``, ``version``, ``success``, ``validated_at`` (ISO 8601 UTC),
+    ``data_docs`` (the Data Docs index, relative to the output root), and ``suites``: a list of
+    ``{name, success, evaluated, failed, expectations: [{type, column, description, success,
+    unexpected_count, observed_value, unexpected_examples}]}``.
+    """
+    path = _validation_path(Path(output), version)
+    if not path.exists():
+        return None
+    with open(path, encoding="utf-8") as handle:
+        record: dict[str, Any] = json.load(handle)
+    return record
+
+
+def write_validation(output: str | Path, version: int, record: Mapping[str, Any]) -> Path:
+    """Replace the validation record of ``version`` atomically (temporary file, fsync, rename)."""
+    path = _validation_path(Path(output), version)
+    write_json_atomic(path, {"format_version": FORMAT_VERSION, "version": version, **record})
+    return path
+
+
+def write_parquet(table: pa.Table, path: Path) -> None:
+    """Write one data file of a table: a temporary file, fsync, rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp)
+    with open(tmp, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def encode_schema(schema: pa.Schema) -> str:
+    """A schema as the hex text manifests keep (so an empty table still has its columns)."""
+    return bytes(schema.serialize().to_pybytes()).hex()
+
+
+def decode_schema(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(text)))
+
+
+def _parquet_files(output: Path, entries: Sequence[str]) -> list[str]:
+    files: list[str] = []
+    for entry in entries:
+        path = output / entry
+        if path.is_dir():
+            files += sorted(str(p) for p in path.rglob("*.parquet") if not p.name.startswith(("_", ".")))
+        elif path.exists():
+            files.append(str(path))
+    return files
+
+
+def table_files(output: str | Path, manifest: Mapping[str, Any], table: str) -> list[str]:
+    """The Parquet files of ``table`` in a version's ``manifest``."""
+    return _parquet_files(Path(output), manifest["tables"].get(table, []))
+
+
+def read_table(output: str | Path, table: str, version: int | None = None) -> pa.Table:
+    """One table of a version as an Arrow table (rows in storage order).
+
+    Raises:
+        ConfigError: an unknown table name, or no such version.
+    """
+    import pyarrow.dataset as ds  # here: it pulls in pandas, which importing replay must not
+
+    if table not in TABLES:
+        raise ConfigError(
+            f"unknown table {table!r}",
+            where=Location(field="table"),
+            todo=f"use one of: {', '.join(TABLES)}",
+            code="output.unknown_table",
+        )
+    root = Path(output)
+    manifest = read_manifest(root, resolve_version(root, version))
+    files = _parquet_files(root, manifest["tables"].get(table, []))
+    schema = pa.schema([])
+    if manifest.get("schemas", {}).get(table):
+        schema = decode_schema(manifest["schemas"][table])
+    if not files:
+        return schema.empty_table()
+    schemas = [pq.read_schema(f) for f in files]
+    unified = pa.unify_schemas([schema, *schemas]) if len(schema) else pa.unify_schemas(schemas)
+    return ds.dataset(files, schema=unified, format="parquet").to_table()

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from replay.core.errors import CheckpointCorruptError, CheckpointStateError
-from replay.store.checkpoint import RECORD_FORMAT_VERSION, CheckpointStore, read_record, write_record
+from replay.store.checkpoint import CheckpointStore
+from replay.store.durable import RECORD_FORMAT_VERSION, read_record, write_record
 from replay.store.records import Commit, EngineSnapshot, LogEntry, LogPointer
 
 

@@ -42,7 +42,8 @@ def replays(tmp_path_factory: pytest.TempPathFactory, validated_run: Any) -> tup
     (copied too, with a report) is under the output root and whose DAG run the plugin recorded, finished;
     and "partial", a copy whose last batch did not finish its run (as after a kill)."""
     from replay.engine.archive import inspect_schema
-    from replay.store.checkpoint import CheckpointStore, write_record
+    from replay.store.checkpoint import CheckpointStore
+    from replay.store.durable import write_record
     from replay_airflow.records import record_task
 
     config, _ = validated_run

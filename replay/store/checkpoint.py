@@ -16,158 +16,39 @@ it is a leftover of a batch that crashed before its commit (or whose commit was 
 ``remove_leftovers`` deletes it; a line of the batch log beyond the commit's pointer is dropped
 at the next append.
 
-Every JSON document is written by ``write_json_atomic`` (temporary file, fsync, rename, fsync of
-the directory) and carries ``format_version``. The checkpoint's own records (identity, run
-intents, commits, engine snapshots) also carry the sha256 of their payload, checked on read: a
-truncated or edited file is ``checkpoint.corrupt``, never a raw parse error and never silently
-trusted. ``resume_point`` picks the newest commit that reads intact and whose files all exist,
-setting the broken newer ones aside with a note. The typed records are in ``replay.store.records``.
+Every JSON document is written atomically and carries ``format_version``; the checkpoint's own
+records (identity, run intents, commits, engine snapshots) also carry the sha256 of their
+payload, checked on read (``replay.store.durable``): a truncated or edited file is
+``checkpoint.corrupt``, never a raw parse error and never silently trusted. The lock is
+``replay.store.lock``, the batch log ``replay.store.batch_log``. ``resume_point`` picks the
+newest commit that reads intact and whose files all exist, setting the broken newer ones aside
+with a note. The typed records are in ``replay.store.records``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import os
 import shutil
-import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
-
-from filelock import FileLock, Timeout
+from typing import Any
 
 from replay.core.errors import (
     CheckpointCorruptError,
     CheckpointStateError,
-    ConcurrentWriterError,
     IncompatibleCheckpointError,
     Location,
-    ReplayError,
 )
+from replay.store.batch_log import LOG_NAME, append_log, read_log
+from replay.store.durable import RECORD_FORMAT_VERSION, fsync_dir, read_record, read_typed, write_record
+from replay.store.lock import LockInfo, single_writer
 from replay.store.records import Commit, EngineSnapshot, LogEntry, LogPointer, RunIntent
 
-T = TypeVar("T")
-
-__all__ = [
-    "FORMAT_VERSION",
-    "RECORD_FORMAT_VERSION",
-    "CheckpointStore",
-    "LockInfo",
-    "ResumePoint",
-    "read_record",
-    "write_json_atomic",
-    "write_record",
-]
-
-#: The format of the output location's JSON documents (manifests, validation records, pointer).
-FORMAT_VERSION = 1
-#: The format of the checkpoint's records: version 2 added the payload's sha256, version 3 the
-#: fixed-size commit and the batch log. ``read_record`` reads all three; the typed readers only 3.
-RECORD_FORMAT_VERSION = 3
-
-
-def write_json_atomic(path: Path, document: Mapping[str, Any], *, compact: bool = False) -> None:
-    """Write ``document`` to ``path`` so that a reader sees the old file or the new one, never a part.
-
-    ``compact`` writes one line (json's C encoder; an indented document goes through its pure-Python
-    encoder, which dominated the cost of a commit): for the checkpoint's machine records.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    text = (
-        json.dumps(document, sort_keys=True, separators=(",", ":"))
-        if compact
-        else json.dumps(document, indent=1, sort_keys=True)
-    )
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename in ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _payload_digest(payload: Mapping[str, Any]) -> str:
-    """sha256 of a record's payload (everything but ``format_version`` and ``sha256``), canonical JSON."""
-    body = {k: v for k, v in payload.items() if k not in ("format_version", "sha256")}
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def write_record(path: Path, payload: Mapping[str, Any]) -> None:
-    """Write a checkpoint record atomically, with ``format_version`` and the payload's ``sha256``."""
-    body = {k: v for k, v in payload.items() if k not in ("format_version", "sha256")}
-    write_json_atomic(
-        path, {"format_version": RECORD_FORMAT_VERSION, "sha256": _payload_digest(body), **body}, compact=True
-    )
-
-
-def _corrupt(path: Path, what: str) -> CheckpointCorruptError:
-    return CheckpointCorruptError(
-        f"checkpoint file {path.name} {what}",
-        where=Location(file=str(path)),
-        todo="restore the checkpoint directory from a backup, or start over with a new --checkpoint "
-        "and --output (the archive is untouched, so a new replay rebuilds everything)",
-    )
-
-
-def read_record(path: Path) -> dict[str, Any]:
-    """Read a checkpoint record written by ``write_record`` and check its checksum.
-
-    Raises:
-        CheckpointCorruptError: the file is missing, is not JSON (truncated), or its payload does
-            not match its ``sha256`` (edited).
-        CheckpointStateError: a format version this Replay does not read.
-    """
-    try:
-        with open(path, encoding="utf-8") as handle:
-            document = json.load(handle)
-    except FileNotFoundError:
-        raise _corrupt(path, "is missing") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _corrupt(path, f"is not valid JSON (truncated or overwritten): {exc}") from exc
-    if not isinstance(document, dict):
-        raise _corrupt(path, "does not hold a JSON object")
-    version = document.get("format_version")
-    if version in (2, RECORD_FORMAT_VERSION):
-        if document.get("sha256") != _payload_digest(document):
-            raise _corrupt(path, "does not match its sha256: it was changed after it was written")
-        return {k: v for k, v in document.items() if k != "sha256"}
-    if version == 1:  # written before records carried checksums
-        return document
-    raise CheckpointStateError(
-        f"unsupported checkpoint format version {version!r} (this replay reads 1 to {RECORD_FORMAT_VERSION})",
-        where=Location(file=str(path)),
-        todo="use the replay version that wrote this checkpoint, or start a new checkpoint directory",
-    )
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as handle:
-        document: dict[str, Any] = json.load(handle)
-    version = document.get("format_version")
-    if version != FORMAT_VERSION:
-        raise CheckpointStateError(
-            f"unsupported checkpoint format version {version!r} (this replay reads {FORMAT_VERSION})",
-            where=Location(file=str(path)),
-            todo="use the replay version that wrote this checkpoint, or start a new checkpoint directory",
-        )
-    return document
+__all__ = ["CheckpointStore", "LockInfo", "ResumePoint"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,16 +62,6 @@ class ResumePoint:
 
 def _diff(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     return sorted(name for name in set(stored) | set(current) if stored.get(name) != current.get(name))
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LockInfo:
-    """Who holds (or held) the lock: process id, host, start time (ISO 8601) and command."""
-
-    pid: int
-    host: str
-    started: str
-    command: str
 
 
 class CheckpointStore:
@@ -248,58 +119,14 @@ class CheckpointStore:
 
     @contextmanager
     def lock(self, command: str = "replay run") -> Iterator[LockInfo | None]:
-        """Hold the single-writer lock; yield the info of a dead holder whose lock was broken, if any.
-
-        The lock is an OS file lock, released by the kernel when its process dies, so a dead
-        holder cannot keep it; ``holder.json`` names the holder for the error message.
+        """Hold the single-writer lock (``replay.store.lock``); yield the info of a dead holder
+        whose lock was broken, if any.
 
         Raises:
             ConcurrentWriterError: a live process holds the lock.
         """
-        self.root.mkdir(parents=True, exist_ok=True)
-        holder_path = self.root / "holder.json"
-        file_lock = FileLock(self.root / ".lock", timeout=0)
-        try:
-            file_lock.acquire()
-        except Timeout:
-            holder = self._holder(holder_path)
-            who = (
-                f"process {holder.pid} on {holder.host} (started {holder.started}: {holder.command})"
-                if holder
-                else "another process"
-            )
-            raise ConcurrentWriterError(
-                f"the checkpoint is being written by {who}",
-                where=Location(file=str(self.root)),
-                todo="wait for that run to finish (one writer per checkpoint), or stop it; "
-                "a lock left by a dead process is broken automatically",
-            ) from None
-        try:
-            stale = self._holder(holder_path)
-            info = LockInfo(
-                pid=os.getpid(),
-                host=socket.gethostname(),
-                started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                command=command,
-            )
-            write_json_atomic(holder_path, {"format_version": FORMAT_VERSION, **dataclasses.asdict(info)})
+        with single_writer(self.root, command) as stale:
             yield stale
-        finally:
-            holder_path.unlink(missing_ok=True)
-            file_lock.release()
-
-    @staticmethod
-    def _holder(path: Path) -> LockInfo | None:
-        try:
-            document = _read_json(path)
-        except (OSError, ValueError, ReplayError):
-            return None
-        return LockInfo(
-            pid=int(document["pid"]),
-            host=str(document["host"]),
-            started=str(document["started"]),
-            command=str(document["command"]),
-        )
 
     # -- run intents ---------------------------------------------------------------------------
 
@@ -320,7 +147,7 @@ class CheckpointStore:
             CheckpointCorruptError: it does not read intact.
         """
         path = self.root / "runs" / f"{run:08d}.json"
-        return _typed(path, RunIntent.from_json) if path.exists() else None
+        return read_typed(path, RunIntent.from_json) if path.exists() else None
 
     def drop_run_intents(self, *, after: int) -> None:
         """Forget the intents of runs after ``after`` (runs whose commits were set aside)."""
@@ -341,7 +168,7 @@ class CheckpointStore:
             CheckpointCorruptError: it is missing or does not read intact.
             CheckpointStateError: it was written by a Replay whose commits this one does not read.
         """
-        return _typed(self.root / "commits" / f"{batch:08d}.json", Commit.from_json)
+        return read_typed(self.root / "commits" / f"{batch:08d}.json", Commit.from_json)
 
     def latest(self) -> Commit | None:
         """The newest commit, or ``None`` for a new checkpoint.
@@ -427,56 +254,17 @@ class CheckpointStore:
         Raises:
             CheckpointCorruptError: it is missing or does not read intact.
         """
-        return _typed(self.root / commit.engine, EngineSnapshot.from_json)
+        return read_typed(self.root / commit.engine, EngineSnapshot.from_json)
 
     # -- the batch log --------------------------------------------------------------------------
 
     def append_log(self, entry: LogEntry, after: LogPointer) -> LogPointer:
-        """Append ``entry`` after the log's first ``after.size`` bytes (anything beyond them is a
-        line of a batch that never committed, and goes) and make it durable; the pointer to write
-        into the batch's commit."""
-        line = (json.dumps(entry.to_json(), sort_keys=True, separators=(",", ":")) + "\n").encode()
-        path = self.root / LOG_NAME
-        created = not path.exists()
-        with open(path, "ab") as handle:
-            if handle.tell() != after.size:
-                handle.truncate(after.size)
-                handle.seek(after.size)
-            handle.write(line)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if created:
-            fsync_dir(self.root)
-        return LogPointer(lines=after.lines + 1, size=after.size + len(line), chain=_chain(after.chain, line))
+        """Append ``entry`` to the batch log after ``after`` (``replay.store.batch_log``); its pointer."""
+        return append_log(self.root, entry, after)
 
     def read_log(self, upto: LogPointer, since: LogPointer | None = None) -> list[LogEntry]:
-        """The batch log's entries up to ``upto`` (after ``since``, a pointer of an earlier commit,
-        when given), each checked against the pointers' sha256 chain.
-
-        Raises:
-            CheckpointCorruptError: the log is shorter than the pointer, or a line was changed
-                (or ``since`` does not point into the same log).
-        """
-        path = self.root / LOG_NAME
-        since = since or LogPointer()
-        if upto.lines == since.lines:
-            return []
-        try:
-            with open(path, "rb") as handle:
-                handle.seek(since.size)
-                data = handle.read(max(upto.size - since.size, 0))
-        except FileNotFoundError:
-            raise _corrupt(path, "is missing") from None
-        lines = data.splitlines(keepends=True)
-        chain = since.chain
-        for line in lines:
-            chain = _chain(chain, line)
-        if len(data) != upto.size - since.size or len(lines) != upto.lines - since.lines or chain != upto.chain:
-            raise _corrupt(path, f"does not match the sha256 chain of its first {upto.lines} line(s)")
-        try:
-            return [LogEntry.from_json(json.loads(line)) for line in lines]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise _corrupt(path, f"holds a line this Replay does not read: {exc}") from exc
+        """The batch log's entries up to ``upto``, after ``since`` (``replay.store.batch_log``)."""
+        return read_log(self.root, upto, since)
 
     # -- clean-up -------------------------------------------------------------------------------
 
@@ -529,13 +317,6 @@ class CheckpointStore:
         return dropped
 
 
-LOG_NAME = "batches.jsonl"
-
-
-def _chain(previous: str, line: bytes) -> str:
-    return hashlib.sha256(previous.encode() + line).hexdigest()
-
-
 def _batch_of(name: str, prefix: str) -> int | None:
     """The batch number in a staged entry's name (``<prefix><8 digits>-...``), if it is one."""
     if not name.startswith(prefix):
@@ -549,20 +330,3 @@ def _remove(entry: Path) -> None:
         shutil.rmtree(entry)
     else:
         entry.unlink()
-
-
-def _typed(path: Path, parse: Callable[[Mapping[str, Any]], T]) -> T:
-    """Read a record with ``read_record`` and parse it; a record of an earlier layout is refused."""
-    document = read_record(path)
-    if document.get("format_version") != RECORD_FORMAT_VERSION:
-        raise CheckpointStateError(
-            f"checkpoint file {path.name} was written by an earlier Replay (format version "
-            f"{document.get('format_version')}); this one reads format {RECORD_FORMAT_VERSION}",
-            where=Location(file=str(path)),
-            todo="finish with the Replay version that wrote this checkpoint, or start a new --checkpoint "
-            "(and --output): the archive is untouched, so a new replay rebuilds everything",
-        )
-    try:
-        return parse(document)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise _corrupt(path, f"does not hold the fields of its kind ({type(exc).__name__}: {exc})") from exc

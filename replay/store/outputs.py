@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replay.core.errors import ConfigError, DataError, Location
-from replay.store.checkpoint import FORMAT_VERSION, fsync_dir, write_json_atomic
+from replay.store.durable import FORMAT_VERSION, fsync_dir, write_json_atomic
 
 __all__ = [
     "TABLES",

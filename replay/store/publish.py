@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from replay.core.config import JobConfig
 from replay.core.errors import Location, PublicationError
-from replay.store.checkpoint import fsync_dir, write_json_atomic
+from replay.store.durable import fsync_dir, write_json_atomic
 from replay.store.outputs import (
     current_version,
     encode_schema,

@@ -1,0 +1,154 @@
+"""Durable JSON documents: atomic writes, and checkpoint records that carry the sha256 of their payload.
+
+Every JSON document of a checkpoint or an output location is written by ``write_json_atomic``
+(temporary file, fsync, rename, fsync of the directory) and carries ``format_version``. A
+checkpoint record (``write_record``) also carries the sha256 of its payload, checked by
+``read_record``: a truncated or edited file is ``checkpoint.corrupt``, never a raw parse error
+and never silently trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from replay.core.errors import CheckpointCorruptError, CheckpointStateError, Location
+
+T = TypeVar("T")
+
+__all__ = [
+    "FORMAT_VERSION",
+    "RECORD_FORMAT_VERSION",
+    "corrupt",
+    "fsync_dir",
+    "read_json",
+    "read_record",
+    "read_typed",
+    "write_json_atomic",
+    "write_record",
+]
+
+#: The format of the output location's JSON documents (manifests, validation records, pointer).
+FORMAT_VERSION = 1
+#: The format of the checkpoint's records: version 2 added the payload's sha256, version 3 the
+#: fixed-size commit and the batch log. ``read_record`` reads all three; the typed readers only 3.
+RECORD_FORMAT_VERSION = 3
+
+
+def write_json_atomic(path: Path, document: Mapping[str, Any], *, compact: bool = False) -> None:
+    """Write ``document`` to ``path`` so that a reader sees the old file or the new one, never a part.
+
+    ``compact`` writes one line (json's C encoder; an indented document goes through its pure-Python
+    encoder, which dominated the cost of a commit): for the checkpoint's machine records.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    text = (
+        json.dumps(document, sort_keys=True, separators=(",", ":"))
+        if compact
+        else json.dumps(document, indent=1, sort_keys=True)
+    )
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def payload_digest(payload: Mapping[str, Any]) -> str:
+    """sha256 of a record's payload (everything but ``format_version`` and ``sha256``), canonical JSON."""
+    body = {k: v for k, v in payload.items() if k not in ("format_version", "sha256")}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def write_record(path: Path, payload: Mapping[str, Any]) -> None:
+    """Write a checkpoint record atomically, with ``format_version`` and the payload's ``sha256``."""
+    body = {k: v for k, v in payload.items() if k not in ("format_version", "sha256")}
+    write_json_atomic(
+        path, {"format_version": RECORD_FORMAT_VERSION, "sha256": payload_digest(body), **body}, compact=True
+    )
+
+
+def corrupt(path: Path, what: str) -> CheckpointCorruptError:
+    return CheckpointCorruptError(
+        f"checkpoint file {path.name} {what}",
+        where=Location(file=str(path)),
+        todo="restore the checkpoint directory from a backup, or start over with a new --checkpoint "
+        "and --output (the archive is untouched, so a new replay rebuilds everything)",
+    )
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """Read a checkpoint record written by ``write_record`` and check its checksum.
+
+    Raises:
+        CheckpointCorruptError: the file is missing, is not JSON (truncated), or its payload does
+            not match its ``sha256`` (edited).
+        CheckpointStateError: a format version this Replay does not read.
+    """
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = json.load(handle)
+    except FileNotFoundError:
+        raise corrupt(path, "is missing") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise corrupt(path, f"is not valid JSON (truncated or overwritten): {exc}") from exc
+    if not isinstance(document, dict):
+        raise corrupt(path, "does not hold a JSON object")
+    version = document.get("format_version")
+    if version in (2, RECORD_FORMAT_VERSION):
+        if document.get("sha256") != payload_digest(document):
+            raise corrupt(path, "does not match its sha256: it was changed after it was written")
+        return {k: v for k, v in document.items() if k != "sha256"}
+    if version == 1:  # written before records carried checksums
+        return document
+    raise CheckpointStateError(
+        f"unsupported checkpoint format version {version!r} (this replay reads 1 to {RECORD_FORMAT_VERSION})",
+        where=Location(file=str(path)),
+        todo="use the replay version that wrote this checkpoint, or start a new checkpoint directory",
+    )
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as handle:
+        document: dict[str, Any] = json.load(handle)
+    version = document.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointStateError(
+            f"unsupported checkpoint format version {version!r} (this replay reads {FORMAT_VERSION})",
+            where=Location(file=str(path)),
+            todo="use the replay version that wrote this checkpoint, or start a new checkpoint directory",
+        )
+    return document
+
+
+def read_typed(path: Path, parse: Callable[[Mapping[str, Any]], T]) -> T:
+    """Read a record with ``read_record`` and parse it; a record of an earlier layout is refused."""
+    document = read_record(path)
+    if document.get("format_version") != RECORD_FORMAT_VERSION:
+        raise CheckpointStateError(
+            f"checkpoint file {path.name} was written by an earlier Replay (format version "
+            f"{document.get('format_version')}); this one reads format {RECORD_FORMAT_VERSION}",
+            where=Location(file=str(path)),
+            todo="finish with the Replay version that wrote this checkpoint, or start a new --checkpoint "
+            "(and --output): the archive is untouched, so a new replay rebuilds everything",
+        )
+    try:
+        return parse(document)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise corrupt(path, f"does not hold the fields of its kind ({type(exc).__name__}: {exc})") from exc

@@ -15,6 +15,7 @@ from replay import parse_config, run
 from replay.core.config import JobConfig
 from replay.core.errors import PublicationError
 from replay.quality.validate import ValidationOutcome, validate
+from replay.store.durable import payload_digest
 from replay.store.outputs import current_version, list_versions, read_manifest, read_table
 from replay.store.publish import publish
 
@@ -72,7 +73,9 @@ def test_unvalidated_and_failed_versions_are_refused(
     pq.write_table(pa.concat_tables([windows, windows.slice(0, 1)]), out / "data" / "windows" / "twice.parquet")
     manifest = read_manifest(out, 3)
     manifest["tables"]["windows"] = ["data/windows/twice.parquet"]
-    (out / "versions" / "000003.json").write_text(json.dumps(manifest), encoding="utf-8")
+    # Written as a writer would (with its payload's digest): a version whose data is wrong, not a damaged file.
+    signed = manifest | {"sha256": payload_digest(manifest)}
+    (out / "versions" / "000003.json").write_text(json.dumps(signed), encoding="utf-8")
     assert not validate(out, 3, suites=["windows"], spark=spark).success
     with pytest.raises(PublicationError) as failed:
         publish(out, 3)

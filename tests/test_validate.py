@@ -18,6 +18,7 @@ from replay.cli import app
 from replay.core.config import JobConfig
 from replay.core.errors import CheckpointStateError
 from replay.quality.validate import ValidationOutcome, validate
+from replay.store.durable import payload_digest
 from replay.store.outputs import latest_version, read_manifest, read_table, read_validation
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -46,6 +47,12 @@ def test_every_suite_passes_on_a_correct_output(validated: tuple[JobConfig, Vali
     assert Path(outcome.data_docs).is_file()
 
 
+def _rewrite(output: Path, version: int, manifest: dict[str, Any]) -> None:
+    """Write ``manifest`` over a version's as a writer would: with its payload's sha256."""
+    signed = manifest | {"sha256": payload_digest(manifest)}
+    (output / "versions" / f"{version:06d}.json").write_text(json.dumps(signed), encoding="utf-8")
+
+
 def _broken(output: str, to: Path, table: str, mutate: Callable[[pa.Table], pa.Table]) -> str:
     """A copy of ``output`` whose newest version has ``table`` replaced by ``mutate(table)``."""
     shutil.copytree(output, to, ignore=shutil.ignore_patterns("_validation", "*.validation.json"))
@@ -55,7 +62,7 @@ def _broken(output: str, to: Path, table: str, mutate: Callable[[pa.Table], pa.T
     pq.write_table(broken, to / "data" / table / "broken.parquet")
     manifest = read_manifest(to, version)
     manifest["tables"][table] = [f"data/{table}/broken.parquet"]
-    (to / "versions" / f"{version:06d}.json").write_text(json.dumps(manifest), encoding="utf-8")
+    _rewrite(to, version, manifest)
     return str(to)
 
 
@@ -189,7 +196,8 @@ def test_a_version_without_validation_facts_is_refused(
     shutil.copytree(config.output, to, ignore=shutil.ignore_patterns("_validation"))
     manifest = read_manifest(to, 1)
     del manifest["ledger_batches"]
-    (to / "versions" / "000001.json").write_text(json.dumps(manifest), encoding="utf-8")
+    # As an earlier Replay wrote it: the first manifest format, without a digest.
+    (to / "versions" / "000001.json").write_text(json.dumps(manifest | {"format_version": 1}), encoding="utf-8")
     with pytest.raises(CheckpointStateError) as caught:
         validate(to)
     assert caught.value.code == "output.not_validatable"
@@ -204,7 +212,7 @@ def test_the_data_docs_keep_a_bounded_history(
     shutil.copytree(config.output, out, ignore=shutil.ignore_patterns("_validation"))
     manifest = read_manifest(out, 1)
     manifest["config"]["validation"]["docs_history"] = 2  # a judging setting, not part of the fingerprint
-    (out / "versions" / "000001.json").write_text(json.dumps(manifest), encoding="utf-8")
+    _rewrite(out, 1, manifest)
     gx = out / "_validation" / "gx" / "uncommitted"
     counts = []
     for _ in range(3):

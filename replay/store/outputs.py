@@ -5,7 +5,7 @@ Layout of an output directory::
     data/<table>/<checkpoint id>-b<batch>-<token>[.parquet]   files written by committed batches
     versions/<version>.json                                  one manifest per run: its tables' files
     versions/<version>.validation.json                       the validation verdict of a version (``replay validate``)
-    current                                                  the published version (``replay publish``)
+    current                                                  the publication pointer (``replay publish``)
 
 A version is a manifest: for each table (``windows``, ``late``, ``progress``,
 ``integrity``) the data files and directories that make it up, relative to the
@@ -14,6 +14,11 @@ the previous one plus the new batches' files), never rewritten, so every earlier
 version stays readable. Manifests are written atomically and numbered with an
 exclusive create, so two checkpoints writing to one output cannot take the same
 number.
+
+A manifest and the publication pointer carry the sha256 of their payload, checked on read
+(``read_manifest``, ``read_current``): a truncated or edited one is ``output.corrupt`` naming
+the file, never a raw parse error and never silently trusted. Manifests written before they
+carried it (format version 1) are read as they are.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,27 +35,98 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replay.core.errors import ConfigError, DataError, Location
-from replay.store.durable import FORMAT_VERSION, fsync_dir, write_json_atomic
+from replay.store.durable import FORMAT_VERSION, fsync_dir, payload_digest, write_json_atomic
 
 __all__ = [
+    "MANIFEST_FORMAT_VERSION",
     "TABLES",
+    "Publication",
     "current_version",
     "decode_schema",
     "encode_schema",
     "latest_run_version",
     "latest_version",
     "list_versions",
+    "read_current",
     "read_manifest",
     "read_table",
     "read_validation",
     "resolve_version",
     "table_files",
+    "write_current",
     "write_manifest",
     "write_parquet",
     "write_validation",
 ]
 
 TABLES = ("windows", "late", "progress", "integrity", "corrections")
+#: Manifests and the publication pointer: version 2 added the payload's sha256 (required from 2 on).
+MANIFEST_FORMAT_VERSION = 2
+
+
+def _corrupt(path: Path, what: str, todo: str) -> DataError:
+    return DataError(
+        f"{path.name} of output {path.parent.parent if path.parent.name == 'versions' else path.parent} {what}",
+        where=Location(file=str(path)),
+        todo=todo,
+        code="output.corrupt",
+    )
+
+
+def _read_checked(path: Path, todo: str) -> dict[str, Any]:
+    """A manifest or the pointer, whole and as written: JSON, a known format, its sha256 matching.
+
+    Raises:
+        OSError: no such file.
+        DataError: ``output.corrupt``, naming the file.
+    """
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise _corrupt(path, f"is not valid JSON (truncated or overwritten: {exc})", todo) from None
+    found = document.get("format_version") if isinstance(document, dict) else None
+    if not isinstance(found, int):
+        raise _corrupt(path, f"has format_version {found!r}: it is not what Replay wrote there", todo)
+    if found > MANIFEST_FORMAT_VERSION:
+        raise _corrupt(
+            path,
+            f"has format_version {found!r}; this Replay reads {MANIFEST_FORMAT_VERSION} and below",
+            "read this output with the Replay version that wrote it, or upgrade Replay",
+        )
+    if found >= 2 and document.get("sha256") != payload_digest(document):
+        raise _corrupt(path, "does not match its sha256: it was changed after it was written", todo)
+    return {k: v for k, v in document.items() if k != "sha256"}
+
+
+def _with_digest(document: Mapping[str, Any]) -> dict[str, Any]:
+    body = {k: v for k, v in document.items() if k not in ("format_version", "sha256")}
+    return {"format_version": MANIFEST_FORMAT_VERSION, "sha256": payload_digest(body), **body}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Publication:
+    """The publication pointer (``current``): the published version, the run version it was built
+    from, the publication it replaced, and when. Written by ``write_current``, read by ``read_current``."""
+
+    version: int
+    source: int
+    previous: int | None
+    published: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "source": self.source, "previous": self.previous, "published": self.published}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Publication:
+        previous = data.get("previous")
+        return cls(
+            version=int(data["version"]),
+            source=int(data["source"]),
+            previous=None if previous is None else int(previous),
+            published=str(data["published"]),
+        )
 
 
 def _versions_dir(output: Path) -> Path:
@@ -76,12 +153,36 @@ def latest_run_version(output: str | Path) -> int | None:
     return runs[-1] if runs else None
 
 
+def write_current(output: str | Path, publication: Publication) -> None:
+    """Point ``current`` at ``publication``, atomically (the one function that writes the pointer)."""
+    write_json_atomic(Path(output) / "current", _with_digest(publication.to_json()))
+
+
+def read_current(output: str | Path) -> Publication | None:
+    """The publication pointer, or ``None`` when nothing is published (the one function that reads it).
+
+    Raises:
+        DataError: ``output.corrupt``: the pointer is truncated, edited or not a pointer.
+    """
+    path = Path(output) / "current"
+    todo = (
+        "publish again ('replay publish OUTPUT --version V' with the version to serve), which rewrites "
+        "the pointer; every version stays readable meanwhile with --version"
+    )
+    try:
+        document = _read_checked(path, todo)
+    except FileNotFoundError:
+        return None
+    try:
+        return Publication.from_json(document)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _corrupt(path, f"does not hold a publication ({type(exc).__name__}: {exc})", todo) from None
+
+
 def current_version(output: str | Path) -> int | None:
     """The published version (the ``current`` pointer), or ``None`` when nothing is published."""
-    pointer = Path(output) / "current"
-    if not pointer.exists():
-        return None
-    return int(json.loads(pointer.read_text(encoding="utf-8"))["version"])
+    publication = read_current(output)
+    return None if publication is None else publication.version
 
 
 def resolve_version(output: str | Path, version: int | None) -> int:
@@ -116,31 +217,14 @@ def read_manifest(output: str | Path, version: int) -> dict[str, Any]:
 
     Raises:
         OSError: no such version file.
-        DataError: ``output.corrupt``: the file is not a whole JSON manifest, or was written
-            in a format this Replay does not read (a newer ``format_version``).
+        DataError: ``output.corrupt``: the file is not a whole JSON manifest, does not match its
+            sha256 (edited), or was written in a format this Replay does not read (newer).
     """
     path = _versions_dir(Path(output)) / f"{version:06d}.json"
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
-    try:
-        manifest = json.loads(text)
-    except ValueError as exc:
-        raise DataError(
-            f"the manifest of output version {version} is not valid JSON ({exc})",
-            where=Location(file=str(path)),
-            todo="restore the file from a backup, or delete the version's manifest and run again to write a new one",
-            code="output.corrupt",
-        ) from None
-    found = manifest.get("format_version") if isinstance(manifest, dict) else None
-    if not isinstance(found, int) or found > FORMAT_VERSION:
-        raise DataError(
-            f"the manifest of output version {version} has format_version {found!r}; this Replay reads "
-            f"{FORMAT_VERSION} and below",
-            where=Location(file=str(path)),
-            todo="read this output with the Replay version that wrote it, or upgrade Replay",
-            code="output.corrupt",
-        )
-    return manifest  # type: ignore[no-any-return]
+    return _read_checked(
+        path,
+        "restore the file from a backup, or delete the version's manifest and run again to write a new one",
+    )
 
 
 def write_manifest(output: str | Path, manifest: Mapping[str, Any]) -> int:
@@ -149,12 +233,13 @@ def write_manifest(output: str | Path, manifest: Mapping[str, Any]) -> int:
     directory.mkdir(parents=True, exist_ok=True)
     while True:
         version = (latest_version(output) or 0) + 1
-        document = {
-            "format_version": FORMAT_VERSION,
-            "version": version,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            **manifest,
-        }
+        document = _with_digest(
+            {
+                **{k: v for k, v in manifest.items() if k not in ("format_version", "sha256")},
+                "version": version,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+        )
         tmp = directory / f".{version:06d}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as handle:
             json.dump(document, handle, indent=1, sort_keys=True)

@@ -29,8 +29,9 @@ import pyarrow as pa
 
 from replay.core.config import JobConfig
 from replay.core.errors import Location, PublicationError
-from replay.store.durable import fsync_dir, write_json_atomic
+from replay.store.durable import fsync_dir
 from replay.store.outputs import (
+    Publication,
     current_version,
     encode_schema,
     latest_run_version,
@@ -39,6 +40,7 @@ from replay.store.outputs import (
     read_table,
     read_validation,
     resolve_version,
+    write_current,
     write_manifest,
     write_parquet,
 )
@@ -155,13 +157,8 @@ def corrections(before: pa.Table | None, after: pa.Table) -> pa.Table:
 
 
 def _flip(output: Path, publication: int, source: int, previous: int | None) -> None:
-    document = {
-        "version": publication,
-        "source": source,
-        "previous": previous,
-        "published": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    write_json_atomic(output / "current", document)
+    published = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    write_current(output, Publication(version=publication, source=source, previous=previous, published=published))
 
 
 def _retain(output: Path, keep: int, current: int) -> tuple[int, ...]:

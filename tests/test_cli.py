@@ -149,3 +149,41 @@ def test_run_status_digest_show_and_their_errors(tmp_path: Path, spark: Any) -> 
     missing = runner.invoke(app, ["status", "--checkpoint", str(tmp_path / "nothing")])
     assert missing.exit_code == 2 and "checkpoint.missing" in missing.stderr
     assert runner.invoke(app, ["run", "--config", str(job), "--start", "yesterday"]).exit_code == 2
+
+
+@pytest.mark.spark
+def test_run_writes_its_summary_or_its_error_to_the_summary_file(tmp_path: Path, spark: Any) -> None:
+    """What spark-submit callers read (the DAGs' spark_submit engine): the summary, or the error whole."""
+    archive = tmp_path / "archive"
+    generated = ["generate", str(archive), "--tuples", "600", "--buffer-tuples", "50", "--files", "2"]
+    assert runner.invoke(app, [*generated, "--conflicts", "1", "--seed", "3"]).exit_code == 0
+    job = tmp_path / "job.yaml"
+    settings = f"archive: {archive}\noutput: {tmp_path / 'out'}\ncheckpoint: {tmp_path / 'ckpt'}\n"
+    windows = "windows: [{name: w, size: 500ms, aggregations: [{fn: count}]}]\n"
+    job.write_text(settings + windows)
+    summary_file = tmp_path / "summary.json"
+    failed = runner.invoke(app, ["run", "--config", str(job), "--summary-file", str(summary_file)])
+    assert failed.exit_code == 1
+    error = json.loads(summary_file.read_text())["error"]
+    assert error["code"] == "archive.conflicting_duplicate" and error["kind"] == "ConflictingDuplicateError"
+    assert error["message"] in failed.stderr and error["todo"] and error["where"]["origin"] is not None
+
+    # A setting that changes results needs a checkpoint of its own.
+    settings = f"archive: {archive}\noutput: {tmp_path / 'out2'}\ncheckpoint: {tmp_path / 'ckpt2'}\n"
+    job.write_text(settings + windows + "on_conflict: keep_first\n")
+    done = runner.invoke(app, ["run", "--config", str(job), "--summary-file", str(summary_file), "--json"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(summary_file.read_text()) == {"summary": json.loads(done.stdout)}
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_python_dash_m_replay_is_the_replay_command() -> None:
+    for module in ("replay", "replay.__main__"):
+        result = subprocess.run(
+            [sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0 and result.stdout.startswith("replay 0."), result.stderr
+    # As a file (how spark-submit runs it): its folder does not shadow top-level modules.
+    main = Path(__file__).resolve().parents[1] / "replay" / "__main__.py"
+    result = subprocess.run([sys.executable, str(main), "--version"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.startswith("replay 0."), result.stderr

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from replay.console import Steps, print_inspection
 from replay.core.errors import ReplayError
 
 __all__ = ["app", "main"]
@@ -26,7 +27,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-log = logging.getLogger("replay")
 
 
 def _version(value: bool) -> None:
@@ -49,52 +49,6 @@ def _main(
 def _fail(error: ReplayError) -> typer.Exit:
     typer.echo(f"replay: error: {error.message}", err=True)
     return typer.Exit(error.exit_code)
-
-
-class _Steps:
-    """A rich progress bar on a terminal, plain log lines elsewhere."""
-
-    def __init__(self, labels: dict[str, str]) -> None:
-        self.labels = labels
-        self.tty = sys.stderr.isatty()
-        self._progress: Any = None
-        self._tasks: dict[str, Any] = {}
-        self._logged: dict[str, int] = {}
-
-    def __enter__(self) -> _Steps:
-        if self.tty:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._progress = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=Console(stderr=True),
-                transient=False,
-            )
-            self._progress.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.__exit__(*exc)
-
-    def __call__(self, step: str, done: int, total: int) -> None:
-        label = self.labels.get(step, step)
-        if self._progress is not None:
-            if step not in self._tasks:
-                self._tasks[step] = self._progress.add_task(label, total=total)
-            self._progress.update(self._tasks[step], completed=done, total=total)
-            return
-        # Plain lines: at the start, every 10 %, and at the end of each step.
-        tenth = (10 * done) // max(total, 1)
-        if done in (0, total) or tenth != self._logged.get(step, -1):
-            if done == 0 and step in self._logged:
-                return
-            self._logged[step] = tenth
-            log.info("%s: %d/%d", label, done, total)
 
 
 def _load(config: Path | None, archive: str | None) -> Any:
@@ -155,7 +109,7 @@ def generate(
     except ValueError as exc:
         typer.echo(f"replay: error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    with _Steps({"tuples": "writing tuples"}) as steps:
+    with Steps({"tuples": "writing tuples"}) as steps:
         try:
             summary = generate_archive(out, options, progress=lambda done, total: steps("tuples", done, total))
         except ValueError as exc:
@@ -179,7 +133,7 @@ def inspect(
 
     try:
         job = _load(config, archive)
-        with _Steps(
+        with Steps(
             {"footers": "reading footers", "buffers": "scanning buffers (Spark)", "progress": "tracking progress"}
         ) as steps:
             report = inspect_archive(job, on_step=steps)
@@ -189,7 +143,7 @@ def inspect(
     if as_json:
         typer.echo(json.dumps(data, indent=2))
     else:
-        _print_inspection(data)
+        print_inspection(data)
     if report.has_errors:
         typer.echo(
             "replay: error: the archive has findings that would stop 'replay run' (see conflicts and regressions "
@@ -248,7 +202,7 @@ def run_command(
         micro.update({k: v for k, v in (("max_buffers", max_buffers), ("max_tuples", max_tuples)) if v is not None})
         spark = job.spark.model_dump() | ({"master": spark_master} if spark_master else {})
         job = job.with_overrides(archive=archive, output=output, checkpoint=checkpoint, micro_batch=micro, spark=spark)
-        with _Steps(
+        with Steps(
             {"footers": "reading footers", "scan": "scanning buffers (Spark)", "batch": "micro-batches"}
         ) as steps:
             summary = run(job, start=range_start, end=range_end, on_event=steps)
@@ -383,7 +337,7 @@ def validate(
     from replay.quality.validate import validate as run_validation
 
     try:
-        with _Steps({}) as steps:
+        with Steps({}) as steps:
             outcome = run_validation(output, version, suites=suite, on_step=steps)
     except ReplayError as error:
         raise _fail(error) from error
@@ -456,56 +410,6 @@ def report(
     except ReplayError as error:
         raise _fail(error) from error
     typer.echo(str(path))
-
-
-def _print_inspection(data: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    # On a terminal rich fits the terminal; piped output gets room for full timestamps.
-    console = Console() if sys.stdout.isatty() else Console(width=200)
-    console.print(
-        f"[bold]{data['archive']}[/bold]: {data['files']} file(s), {data['buffers']} buffers, "
-        f"{data['tuples_read']} tuples, lateness mode [bold]{data['lateness']}[/bold]"
-    )
-    table = Table(title="Progress per origin and key")
-    columns = {
-        "origin_id": "origin",
-        "wm_key": "key",
-        "complete_prefix": "prefix",
-        "local_watermark": "local wm",
-        "pending_buffers": "pending",
-        "gaps": "gaps",
-        "duplicates": "dups",
-        "conflicts": "conflicts",
-        "regressions": "regressions",
-        "idle": "idle",
-    }
-    for name, title in columns.items():
-        table.add_column(
-            title,
-            justify="left" if name in ("wm_key", "local_watermark") else "right",
-            no_wrap=name == "local_watermark",
-        )
-    for row in data["origins"]:
-        table.add_row(*[str(row[c]) for c in columns])
-    console.print(table)
-    keys = Table(title="Per key")
-    key_columns = {
-        "wm_key": "key",
-        "watermark": "watermark column",
-        "allowed_lateness": "lateness",
-        "global_watermark": "global wm",
-        "time_window_lower": "window lower",
-        "time_window_upper": "window upper",
-    }
-    for name, title in key_columns.items():
-        keys.add_column(title, no_wrap=name not in ("wm_key", "watermark"))
-    for row in data["keys"]:
-        keys.add_row(*[str(row[c]) for c in key_columns])
-    console.print(keys)
-    integrity = data["integrity"]
-    console.print("integrity: " + ", ".join(f"{name} {len(items)}" for name, items in integrity.items()))
 
 
 def main() -> None:

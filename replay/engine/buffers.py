@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from replay.core.buffer import Buffer, Conflict, DuplicateCopy
-from replay.core.errors import BadBufferError, ConflictingDuplicateError, EmptyArchiveError, Location
+from replay.core.errors import ConflictingDuplicateError, EmptyArchiveError, Location
 from replay.core.paths import local_path
 from replay.engine.archive import ArchiveLayout
+from replay.engine.copy_checks import check_copy, check_sequences
 from replay.engine.scan import FileCache, scan_columns, scan_records
 
 if TYPE_CHECKING:
@@ -209,70 +210,6 @@ def _display_path(spark_path: str, layout: ArchiveLayout, files: Sequence[str] =
     return local
 
 
-def _check_copy(rec: dict[str, Any], layout: ArchiveLayout, chunk_base: int) -> None:
-    file = rec["_file"]
-    where = {"file": file, "origin": rec["origin"], "sequence": rec["sequence"], "chunk": rec["chunk"]}
-    for role, value in (
-        ("origin_id", rec["origin"]),
-        ("sequence_number", rec["sequence"]),
-        ("chunk_number", rec["chunk"]),
-    ):
-        if value is None:
-            column = getattr(layout, role)
-            raise BadBufferError(
-                f"column '{column}' ({role}) is null on some rows",
-                where=Location(file=file, column=column),
-                todo="every row needs origin_id, sequence_number and chunk_number; fix or remove those rows",
-                code="archive.null_identity",
-            )
-    if rec["origin"] < 1:
-        raise BadBufferError(
-            f"origin_id {rec['origin']} is below 1",
-            where=Location(**where, column=layout.origin_id),
-            todo="origin ids start at 1; fix the archiver's origin numbering or map the right column",
-            code="archive.bad_origin",
-        )
-    if rec["sequence"] < 1:
-        raise BadBufferError(
-            f"sequence_number {rec['sequence']} is below 1",
-            where=Location(**where, column=layout.sequence_number),
-            todo="sequence numbers start at 1 per origin; fix the archiver or remove these rows",
-            code="archive.bad_sequence",
-        )
-    if rec["chunk"] < chunk_base:
-        raise BadBufferError(
-            f"chunk_number {rec['chunk']} is below chunk_base {chunk_base}",
-            where=Location(**where, column=layout.chunk_number),
-            todo="set 'chunk_base: 0' if this archive counts chunks from 0, else fix the archiver",
-            code="archive.bad_chunk",
-        )
-    metadata = [("last_chunk", layout.last_chunk, True)]
-    if layout.ingest_ts is not None:
-        metadata.append(("ingest", layout.ingest_ts, True))
-    if layout.idle is not None:
-        metadata.append(("idle", layout.idle, False))
-    for index, key in enumerate(layout.keys):
-        if key.watermark is not None:
-            metadata.append((f"wm{index}", key.watermark, False))
-    for name, column, required in metadata:
-        count, low, high = rec[f"{name}_n"], rec[f"{name}_min"], rec[f"{name}_max"]
-        if required and count < rec["rows"]:
-            raise BadBufferError(
-                f"column '{column}' is null on {rec['rows'] - count} of the buffer's {rec['rows']} rows",
-                where=Location(**where, column=column),
-                todo=f"every row of a buffer needs a '{column}' value; fix the archiver or remove the buffer",
-                code="archive.null_metadata",
-            )
-        if 0 < count < rec["rows"] or low != high:
-            raise BadBufferError(
-                f"the rows of one buffer disagree on '{column}' (values from {low} to {high}, {count} of "
-                f"{rec['rows']} non-null)",
-                where=Location(**where, column=column),
-                todo="all rows of a buffer must carry the same metadata; fix the archiver or remove the buffer",
-                code="archive.metadata_disagrees",
-            )
-
-
 def _content_hash(rec: dict[str, Any], layout: ArchiveLayout) -> str:
     """A copy's content hash from its full record (``_copy_records``): equal for identical copies."""
     watermarks = _watermarks(rec, layout)
@@ -315,30 +252,6 @@ def _to_buffer(rec: dict[str, Any], layout: ArchiveLayout, content_hash: str = "
         row_start=rec["row_min"],
         content_hash=content_hash,
     )
-
-
-def _check_sequences(buffers: list[Buffer]) -> None:
-    by_sequence: dict[tuple[int, int], list[Buffer]] = defaultdict(list)
-    for buf in buffers:
-        by_sequence[(buf.origin, buf.sequence)].append(buf)
-    for (origin, sequence), chunks in by_sequence.items():
-        lasts = [b for b in chunks if b.last_chunk]
-        if len(lasts) > 1:
-            raise BadBufferError(
-                f"the sequence has {len(lasts)} last chunks: {sorted(b.chunk for b in lasts)}",
-                where=Location(origin=origin, sequence=sequence, file=lasts[1].file, chunk=lasts[1].chunk),
-                todo="exactly one chunk per sequence (the highest) may set last_chunk; fix the archiver",
-                code="archive.two_last_chunks",
-            )
-        if lasts:
-            beyond = [b for b in chunks if b.chunk > lasts[0].chunk]
-            if beyond:
-                raise BadBufferError(
-                    f"chunk {beyond[0].chunk} lies beyond the sequence's last chunk {lasts[0].chunk}",
-                    where=Location(origin=origin, sequence=sequence, chunk=beyond[0].chunk, file=beyond[0].file),
-                    todo="the last chunk must carry the highest chunk number; fix the archiver",
-                    code="archive.chunk_beyond_last",
-                )
 
 
 def _first_key(buf: Buffer) -> tuple[int, str, int]:
@@ -412,7 +325,7 @@ def scan_buffers(
             todo="point 'archive' at the directory the archiver writes to, or wait until it has written data",
         )
     for rec in records:
-        _check_copy(rec, layout, config.chunk_base)
+        check_copy(rec, layout, config.chunk_base)
     by_identity: dict[tuple[int, int, int], list[dict[str, Any]]] = defaultdict(list)
     rows_read = tuples_read = 0
     for rec in records:
@@ -477,7 +390,7 @@ def scan_buffers(
                     "to keep the earliest copy (the conflict is still reported)",
                 )
             conflicts.append(conflict)
-    _check_sequences(kept)
+    check_sequences(kept)
     return BufferScan(
         layout=layout,
         buffers=tuple(kept),

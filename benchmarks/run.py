@@ -162,6 +162,22 @@ def _run_config(path: Path, work: Path, max_buffers: int | None) -> Any:
     )
 
 
+def _timed_run(path: Path, max_buffers: int | None, spark: Any) -> tuple[Any, float]:
+    """``replay run`` of the benchmark job on ``path`` in a fresh output and checkpoint: (summary, wall s)."""
+    import shutil
+    import tempfile
+
+    from replay.runner.loop import run
+
+    work = Path(tempfile.mkdtemp(prefix="replay-bench-"))
+    try:
+        start = time.perf_counter()
+        summary = run(_run_config(path, work, max_buffers), spark=spark)
+        return summary, time.perf_counter() - start
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def bench_run(sizes: list[tuple[int, int]], batches_wanted: int = 20, repeats: int = 3) -> str:
     """``replay run`` warm in one process, side by side with plain Spark batch and Structured Streaming.
 
@@ -175,13 +191,9 @@ def bench_run(sizes: list[tuple[int, int]], batches_wanted: int = 20, repeats: i
     between replay's one batch and its ~20.
     """
     import resource
-    import shutil
-    import tempfile
 
     sys.path.insert(0, str(ROOT))
     from baselines import plain_batch, structured_streaming
-
-    from replay.runner.loop import run
 
     spark = _session()
     rows = [
@@ -198,13 +210,7 @@ def bench_run(sizes: list[tuple[int, int]], batches_wanted: int = 20, repeats: i
         for attempt in range(repeats + 1):  # round 0 warms up and is not counted
             for name in ("one", "many"):
                 max_buffers = None if name == "one" else max(1, -(-buffers // batches_wanted))
-                work = Path(tempfile.mkdtemp(prefix="replay-bench-"))
-                try:
-                    start = time.perf_counter()
-                    summary = run(_run_config(path, work, max_buffers), spark=spark)
-                    seconds = time.perf_counter() - start
-                finally:
-                    shutil.rmtree(work, ignore_errors=True)
+                summary, seconds = _timed_run(path, max_buffers, spark)
                 if attempt:
                     best[name] = min(best.get(name, seconds), seconds)
                 read, buffers = summary.tuples_read, summary.buffers
@@ -320,7 +326,7 @@ def main() -> None:
 
         if options.what == "fixed":
             tuples, buffer_tuples = sizes[0]
-            table = bench_fixed(archive(tuples, buffer_tuples, files=40), _run_config, _session(), options.repeats)
+            table = bench_fixed(archive(tuples, buffer_tuples, files=40), _timed_run, _session(), options.repeats)
         else:
             table = bench_scale(sizes, archive, _run_config, measure)
     elif options.what == "run":

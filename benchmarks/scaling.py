@@ -17,7 +17,6 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,23 +35,18 @@ def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
     return my - b * mx, b
 
 
-def bench_fixed(path: Path, run_config: Callable[[Path, Path, int | None], Any], session: Any, repeats: int = 2) -> str:
-    """The fixed cost per micro-batch, fit over 1, 10 and 100 batches of the archive at ``path``."""
-    from replay.runner.loop import run
-
+def bench_fixed(
+    path: Path, timed_run: Callable[[Path, int | None, Any], tuple[Any, float]], session: Any, repeats: int = 2
+) -> str:
+    """The fixed cost per micro-batch, fit over 1, 10 and 100 batches of the archive at ``path``;
+    ``timed_run(path, max_buffers, session)`` replays it once: (summary, wall seconds)."""
     best: dict[int, float] = {}
     counts: dict[int, int] = {}
     buffers = 0
     for attempt in range(repeats + 1):  # round 0 warms up and is not counted
         for wanted in (1, 10, 100):
             max_buffers = None if wanted == 1 or not buffers else max(1, -(-buffers // wanted))
-            work = Path(tempfile.mkdtemp(prefix="replay-bench-"))
-            try:
-                start = time.perf_counter()
-                summary = run(run_config(path, work, max_buffers), spark=session)
-                seconds = time.perf_counter() - start
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
+            summary, seconds = timed_run(path, max_buffers, session)
             buffers = summary.buffers
             counts[wanted] = summary.batches
             if attempt:

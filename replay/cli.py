@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -153,13 +152,6 @@ def inspect(
         raise typer.Exit(1)
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` whole or not at all: a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _timestamp(value: str | None, option: str) -> int | None:
     from replay.core.timeutil import parse_timestamp
 
@@ -194,6 +186,7 @@ def run_command(
     """Replay the archive in micro-batches into a new output version, resuming from the checkpoint."""
     from replay.core.config import load_config
     from replay.runner.loop import run
+    from replay.store.durable import write_json_atomic
 
     range_start, range_end = _timestamp(start, "--start"), _timestamp(end, "--end")
     try:
@@ -209,11 +202,11 @@ def run_command(
     except ReplayError as error:
         if summary_file is not None:
             failure = error.to_dict() | {"message": error.message, "kind": type(error).__name__}
-            _write_json(summary_file, {"error": failure})
+            write_json_atomic(summary_file, {"error": failure})
         raise _fail(error) from error
     data = summary.to_dict()
     if summary_file is not None:
-        _write_json(summary_file, {"summary": data})
+        write_json_atomic(summary_file, {"summary": data})
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return

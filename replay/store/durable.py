@@ -28,6 +28,7 @@ __all__ = [
     "read_json",
     "read_record",
     "read_typed",
+    "signed",
     "write_json_atomic",
     "write_record",
 ]
@@ -76,12 +77,15 @@ def payload_digest(payload: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def signed(payload: Mapping[str, Any], format_version: int) -> dict[str, Any]:
+    """``payload`` as a document of ``format_version`` carrying its ``sha256`` (``payload_digest``)."""
+    body = {k: v for k, v in payload.items() if k not in ("format_version", "sha256")}
+    return {"format_version": format_version, "sha256": payload_digest(body), **body}
+
+
 def write_record(path: Path, payload: Mapping[str, Any]) -> None:
     """Write a checkpoint record atomically, with ``format_version`` and the payload's ``sha256``."""
-    body = {k: v for k, v in payload.items() if k not in ("format_version", "sha256")}
-    write_json_atomic(
-        path, {"format_version": RECORD_FORMAT_VERSION, "sha256": payload_digest(body), **body}, compact=True
-    )
+    write_json_atomic(path, signed(payload, RECORD_FORMAT_VERSION), compact=True)
 
 
 def corrupt(path: Path, what: str) -> CheckpointCorruptError:

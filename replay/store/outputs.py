@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replay.core.errors import ConfigError, DataError, Location
-from replay.store.durable import FORMAT_VERSION, fsync_dir, payload_digest, write_json_atomic
+from replay.store.durable import FORMAT_VERSION, fsync_dir, payload_digest, signed, write_json_atomic
 
 __all__ = [
     "MANIFEST_FORMAT_VERSION",
@@ -100,11 +100,6 @@ def _read_checked(path: Path, todo: str) -> dict[str, Any]:
     return {k: v for k, v in document.items() if k != "sha256"}
 
 
-def _with_digest(document: Mapping[str, Any]) -> dict[str, Any]:
-    body = {k: v for k, v in document.items() if k not in ("format_version", "sha256")}
-    return {"format_version": MANIFEST_FORMAT_VERSION, "sha256": payload_digest(body), **body}
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Publication:
     """The publication pointer (``current``): the published version, the run version it was built
@@ -155,7 +150,7 @@ def latest_run_version(output: str | Path) -> int | None:
 
 def write_current(output: str | Path, publication: Publication) -> None:
     """Point ``current`` at ``publication``, atomically (the one function that writes the pointer)."""
-    write_json_atomic(Path(output) / "current", _with_digest(publication.to_json()))
+    write_json_atomic(Path(output) / "current", signed(publication.to_json(), MANIFEST_FORMAT_VERSION))
 
 
 def read_current(output: str | Path) -> Publication | None:
@@ -233,13 +228,8 @@ def write_manifest(output: str | Path, manifest: Mapping[str, Any]) -> int:
     directory.mkdir(parents=True, exist_ok=True)
     while True:
         version = (latest_version(output) or 0) + 1
-        document = _with_digest(
-            {
-                **{k: v for k, v in manifest.items() if k not in ("format_version", "sha256")},
-                "version": version,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            }
-        )
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        document = signed({**manifest, "version": version, "created": created}, MANIFEST_FORMAT_VERSION)
         tmp = directory / f".{version:06d}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as handle:
             json.dump(document, handle, indent=1, sort_keys=True)

@@ -137,7 +137,7 @@ def _session() -> Any:
     return spark
 
 
-def _run_config(path: Path, work: Path, max_buffers: int | None) -> Any:
+def _run_config(path: Path, work: Path, max_buffers: int | None, per_pass: int | None = None) -> Any:
     from replay.core.config import parse_config
 
     return parse_config(
@@ -157,13 +157,15 @@ def _run_config(path: Path, work: Path, max_buffers: int | None) -> Any:
                     ],
                 }
             ],
-            "micro_batch": {"max_buffers": max_buffers},
+            "micro_batch": {"max_buffers": max_buffers}
+            | ({} if per_pass is None else {"max_batches_per_pass": per_pass}),
         }
     )
 
 
-def _timed_run(path: Path, max_buffers: int | None, spark: Any) -> tuple[Any, float]:
-    """``replay run`` of the benchmark job on ``path`` in a fresh output and checkpoint: (summary, wall s)."""
+def _timed_run(path: Path, max_buffers: int | None, spark: Any, per_pass: int | None = None) -> tuple[Any, float]:
+    """``replay run`` of the benchmark job on ``path`` in a fresh output and checkpoint: (summary, wall s).
+    ``per_pass``: ``micro_batch.max_batches_per_pass`` (the default when ``None``)."""
     import shutil
     import tempfile
 
@@ -172,7 +174,7 @@ def _timed_run(path: Path, max_buffers: int | None, spark: Any) -> tuple[Any, fl
     work = Path(tempfile.mkdtemp(prefix="replay-bench-"))
     try:
         start = time.perf_counter()
-        summary = run(_run_config(path, work, max_buffers), spark=spark)
+        summary = run(_run_config(path, work, max_buffers, per_pass), spark=spark)
         return summary, time.perf_counter() - start
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -188,7 +190,9 @@ def bench_run(sizes: list[tuple[int, int]], batches_wanted: int = 20, repeats: i
     to run. The archive has 40 files; the incremental shape is about ``batches_wanted``
     micro-batches on both sides (replay: ``max_buffers`` = buffers / 20; Structured Streaming:
     ``maxFilesPerTrigger`` 2), beside one batch each. The fixed cost per micro-batch is the slope
-    between replay's one batch and its ~20.
+    between replay's one batch and its ~20. Replay's ~20 batches run twice: with the default
+    passes (several batches per Spark action) and with one Spark action per batch
+    (``max_batches_per_pass: 1``), so that what passes buy is read off the same run.
     """
     import resource
 
@@ -197,10 +201,11 @@ def bench_run(sizes: list[tuple[int, int]], batches_wanted: int = 20, repeats: i
 
     spark = _session()
     rows = [
-        "| tuples | buffers | replay 1 batch s | replay ~20 batches s | batches | fixed cost per batch s "
-        "| plain batch s | streaming 1 trigger s | streaming ~20 triggers s | replay / streaming (~20) "
+        "| tuples | buffers | replay 1 batch s | replay ~20 batches s | batches | replay ~20 batches, "
+        "one action each s | fixed cost per batch s | plain batch s | streaming 1 trigger s "
+        "| streaming ~20 triggers s | replay / streaming (~20) | replay / streaming (~20, one action each) "
         "| replay / streaming (1) | replay / batch |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for tuples, buffer_tuples in sizes:
         path = archive(tuples, buffer_tuples, files=40)
@@ -208,9 +213,9 @@ def bench_run(sizes: list[tuple[int, int]], batches_wanted: int = 20, repeats: i
         read = 0
         buffers = batches = 0
         for attempt in range(repeats + 1):  # round 0 warms up and is not counted
-            for name in ("one", "many"):
+            for name in ("one", "many", "single"):
                 max_buffers = None if name == "one" else max(1, -(-buffers // batches_wanted))
-                summary, seconds = _timed_run(path, max_buffers, spark)
+                summary, seconds = _timed_run(path, max_buffers, spark, 1 if name == "single" else None)
                 if attempt:
                     best[name] = min(best.get(name, seconds), seconds)
                 read, buffers = summary.tuples_read, summary.buffers
@@ -234,9 +239,10 @@ def bench_run(sizes: list[tuple[int, int]], batches_wanted: int = 20, repeats: i
             )
         fixed = (best["many"] - best["one"]) / max(batches - 1, 1)
         line = (
-            f"| {read:,} | {buffers:,} | {best['one']:.1f} | {best['many']:.1f} | {batches} | {fixed:.2f} | "
-            f"{best['batch']:.1f} | {best['stream']:.1f} | {best['streams']:.1f} | "
-            f"{best['streams'] / best['many']:.2f} | {best['stream'] / best['one']:.2f} | "
+            f"| {read:,} | {buffers:,} | {best['one']:.1f} | {best['many']:.1f} | {batches} | {best['single']:.1f} | "
+            f"{fixed:.2f} | {best['batch']:.1f} | {best['stream']:.1f} | {best['streams']:.1f} | "
+            f"{best['streams'] / best['many']:.2f} | {best['streams'] / best['single']:.2f} | "
+            f"{best['stream'] / best['one']:.2f} | "
             f"{best['batch'] / best['one']:.2f} |"
         )
         print(line, flush=True)

@@ -121,16 +121,21 @@ def test_any_batch_plan_gives_the_same_digests(
     expected = digests(whole)
     # Small and larger batches (every buffer its own batch for one archive), each with another number of
     # shuffle partitions than the whole run's 2, so the digests are also independent of how Spark
-    # partitions the work.
-    plans = ((1, 1), (4, 3)) if fixture == "plan_archive" else ((2, 1), (5, 3))
-    for max_buffers, partitions in plans:
+    # partitions the work, and in passes of several batches per Spark action or of one (docs/outputs.md#passes).
+    plans = ((1, 1, 5), (4, 3, 1)) if fixture == "plan_archive" else ((2, 1, 2), (5, 3, 32))
+    for max_buffers, partitions, per_pass in plans:
         config = job(
-            source, tmp_path / f"b{max_buffers}", micro_batch={"max_buffers": max_buffers}, gap_policy=gap_policy
+            source,
+            tmp_path / f"b{max_buffers}",
+            micro_batch={"max_buffers": max_buffers, "max_batches_per_pass": per_pass},
+            gap_policy=gap_policy,
         )
         with shuffle_partitions(spark, partitions):
             summary = run(config, spark=spark)
         assert summary.batches == -(-summary.buffers // max_buffers) > 1  # ceil(buffers / max_buffers)
-        assert digests(config) == expected, f"max_buffers {max_buffers}, {partitions} shuffle partitions"
+        assert digests(config) == expected, (
+            f"max_buffers {max_buffers}, {partitions} shuffle partitions, {per_pass} batches per pass"
+        )
     by_tuples = job(source, tmp_path / "t", micro_batch={"max_tuples": 300}, gap_policy=gap_policy)
     summary = run(by_tuples, spark=spark)
     assert summary.batches > 1

@@ -166,10 +166,18 @@ class WindowSpec(_Model):
 
 
 class MicroBatch(_Model):
-    """Bounds of one micro-batch; ``None`` means unbounded."""
+    """Bounds of one micro-batch; ``None`` means unbounded.
+
+    ``max_batches_per_pass`` and ``max_tuples_per_pass`` bound a pass: the consecutive
+    micro-batches whose tuple work one Spark action does (each batch is still committed on its
+    own, docs/outputs.md#passes). A crash redoes at most the uncommitted batches of one pass.
+    Not part of the fingerprint: they change how fast a run goes, never its results.
+    """
 
     max_buffers: int | None = Field(default=None, gt=0)
     max_tuples: int | None = Field(default=None, gt=0)
+    max_batches_per_pass: int = Field(default=32, gt=0)
+    max_tuples_per_pass: int | None = Field(default=20_000_000, gt=0)
 
 
 class SparkSettings(_Model):

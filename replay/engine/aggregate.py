@@ -1,36 +1,38 @@
-"""One micro-batch's tuple work in Spark: lateness, late rows, window partials, emission.
+"""The tuple work of a pass in Spark: lateness, late rows, window partials, emission.
 
-The driver decides everything from buffer metadata (``replay.core.progress``): which
-buffer copies the batch reads and the lateness threshold of each one's tuples per
-key. This module turns that into one Spark action over the archive's rows, without
-a tuple reaching the driver:
+A pass is one or more consecutive micro-batches of a run (``replay.runner.batch``). The
+driver decides everything from buffer metadata (``replay.core.progress``): which buffer
+copies each batch reads and the lateness threshold of each one's tuples per key. This
+module turns that into one Spark action over the archive's rows, without a tuple
+reaching the driver:
 
-- the batch's rows: when the batch needs less than half of the rows of the files
-  it touches, Spark tasks read exactly its copies' row ranges with their
-  decisions attached (``replay.engine.slices``); otherwise Spark's Parquet reader reads
-  the files and the copies join the rows by identity (a buffer with discarded
-  copies also by file, and by row range when a copy shares its file). Either way
-  a discarded duplicate copy is never read as data;
+- the pass's rows: when it needs less than half of the rows of the files it
+  touches, Spark tasks read exactly its copies' row ranges with their decisions
+  attached (``replay.engine.slices``); otherwise Spark's Parquet reader reads the files
+  and the copies join the rows by identity (a buffer with discarded copies also by
+  file, and by row range when a copy shares its file). Either way a discarded
+  duplicate copy is never read as data. Every row carries the batch that decided it
+  (``d_batch``; 0 for a carried copy, whose tuples only rebuild open windows);
 - per key, a tuple is late (``event_time < threshold``), on time, or has no event
   time for the key (or, in a backfill, one outside the range);
-- late tuples are written to the ``late`` table; on-time ones are reduced to
-  window partials and merged with the open windows carried from the previous batch;
-- windows whose end the effective watermark has reached are written to the
-  ``windows`` table, the others become the next open-window state;
+- late tuples are written to the ``late`` table, in the directory of the batch that
+  decided them; on-time ones are reduced to window partials and merged with the open
+  windows carried in;
+- a window is written to the ``windows`` table in the directory of the first batch of
+  the pass whose effective watermark reached its end; the others become the open-window
+  state the pass carries out;
 - all of it is one union, written by one ``mapInArrow`` (``replay.engine.sink``) whose
-  collected result is the batch's only Spark action; the batch's counts ride
-  along as observed metrics (``DataFrame.observe``).
+  collected result is the pass's only Spark action; the per-batch counts are one more
+  branch of it.
 
-What comes back to the driver is small: the batch's row and tuple counts, a
-checksum of its copy ids and per-key late/on-time counts (which the ledger
-checks), and per window aggregation the number of windows emitted and kept open
-and the tuples they own.
+What comes back to the driver is small: per batch its row and tuple counts, a checksum
+of its copy ids and per-key late/on-time counts (which the ledger checks), and per window
+aggregation the number of windows emitted and left open and the tuples they own.
 """
 
 from __future__ import annotations
 
 import hashlib
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +51,7 @@ from replay.engine.windows import (
     final_columns,
     merge,
     output_columns,
+    owner_start,
     partials,
     window_end,
 )
@@ -57,10 +60,19 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["BatchWork", "Counts", "SpecCounts", "WorkResult", "buffer_copy_id", "copy_id", "run_batch"]
+__all__ = [
+    "Counts",
+    "PassWork",
+    "Read",
+    "SpecCounts",
+    "Step",
+    "WorkResult",
+    "buffer_copy_id",
+    "copy_id",
+    "run_pass",
+]
 
 _MASK63 = (1 << 63) - 1
-_KEEP_EMPTY_STAGES = "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation"
 
 
 def copy_id(origin: int, sequence: int, chunk: int, file: str, row_start: int) -> int:
@@ -74,26 +86,50 @@ def buffer_copy_id(buf: Buffer) -> int:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BatchWork:
-    """What one batch must do in Spark.
+class Step:
+    """One micro-batch of a pass: its number, ``E_k`` per key (layout order) after it (a window
+    ending by it is emitted at this batch, unless an earlier one of the pass reached it), and
+    where its ``windows`` and ``late`` rows go."""
 
-    ``reads``: the copies whose tuples are decided in this batch, with their decision.
-    ``effective``: ``E_k`` per key (layout order) after the batch; windows ending by it are emitted.
-    ``open_state``: per window name, the directory of the open windows carried in, or ``None``.
-    ``windows_dir``/``late_dir``: where this batch writes its rows; ``state_dirs``: per window
-    name, where it writes the open windows it carries out. ``range``: a backfill's
-    ``[start, end)`` in microseconds. ``checked``: identities with other (discarded) copies in
-    the archive, with those copies' files. Rows are matched to a copy by identity alone, by
-    identity and file when the other copies are in other files, and by file and row range
-    when one shares the copy's file.
-    """
-
-    reads: Sequence[tuple[Buffer, Decision]]
+    batch: int
     effective: tuple[int, ...]
-    open_state: Mapping[str, str | None]
     windows_dir: str
     late_dir: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Read:
+    """A copy whose tuples the pass reads, with its decision and the batch that decided it.
+    ``batch`` 0: a carried copy (decided and accounted for by a committed batch; its tuples
+    only rebuild the open windows, see ``PassWork.floor``)."""
+
+    buf: Buffer
+    decision: Decision
+    batch: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PassWork:
+    """What one pass (one Spark action over one or more consecutive micro-batches) must do.
+
+    ``reads``: the copies whose tuples the pass's batches decided, and the carried ones.
+    ``steps``: the pass's batches, in order. ``floor``: ``E_k`` per key at the commit the pass
+    continues from: a window ending by it was emitted by a committed batch, so the carried
+    copies' tuples never rebuild it. ``open_state``: per window name, the directory of the open
+    windows carried in, or ``None``. ``state_dirs``: per window name, where the pass writes the
+    open windows it carries out; ``counts_dir``: where it writes its per-batch counts (read back
+    and removed by ``run_pass``). ``range``: a backfill's ``[start, end)`` in microseconds.
+    ``checked``: identities with other (discarded) copies in the archive, with those copies'
+    files. Rows are matched to a copy by identity alone, by identity and file when the other
+    copies are in other files, and by file and row range when one shares the copy's file.
+    """
+
+    reads: Sequence[Read]
+    steps: Sequence[Step]
+    floor: tuple[int, ...]
+    open_state: Mapping[str, str | None]
     state_dirs: Mapping[str, str]
+    counts_dir: str
     range: tuple[int | None, int | None] = (None, None)
     checked: Mapping[tuple[int, int, int], frozenset[str]] = field(default_factory=dict)
 
@@ -129,7 +165,7 @@ class SpecCounts:
     emitted: int = 0
     emitted_owned: int = 0
     open: int = 0
-    open_owned: int = 0
+    open_owned: int | None = 0  # None: not measured (a batch inside a pass; the ledger derives it)
     open_dir: str | None = None
 
 
@@ -143,36 +179,33 @@ class WorkResult:
 
 
 def _decision_frame(
-    spark: SparkSession,
-    reads: Sequence[tuple[Buffer, Decision]],
-    work: BatchWork,
-    spark_paths: Mapping[str, str],
-    nkeys: int,
+    spark: SparkSession, reads: Sequence[Read], work: PassWork, spark_paths: Mapping[str, str], nkeys: int
 ) -> DataFrame:
     """One row per copy read, built as an Arrow table (no per-row Python type checks)."""
     import pyarrow as pa
 
     columns: dict[str, pa.Array] = {
-        "d_file": pa.array([spark_paths.get(buf.file, buf.file) for buf, _ in reads], pa.string()),
-        "d_origin": pa.array([buf.origin for buf, _ in reads], pa.int64()),
-        "d_sequence": pa.array([buf.sequence for buf, _ in reads], pa.int64()),
-        "d_chunk": pa.array([buf.chunk for buf, _ in reads], pa.int64()),
-        "d_lo": pa.array([buf.row_start for buf, _ in reads], pa.int64()),
-        "d_hi": pa.array([buf.row_start + buf.rows - 1 for buf, _ in reads], pa.int64()),
-        "d_cid": pa.array([buffer_copy_id(buf) for buf, _ in reads], pa.int64()),
-        "d_check": pa.array([work.check_level(buf) for buf, _ in reads], pa.int32()),
+        "d_file": pa.array([spark_paths.get(r.buf.file, r.buf.file) for r in reads], pa.string()),
+        "d_origin": pa.array([r.buf.origin for r in reads], pa.int64()),
+        "d_sequence": pa.array([r.buf.sequence for r in reads], pa.int64()),
+        "d_chunk": pa.array([r.buf.chunk for r in reads], pa.int64()),
+        "d_lo": pa.array([r.buf.row_start for r in reads], pa.int64()),
+        "d_hi": pa.array([r.buf.row_start + r.buf.rows - 1 for r in reads], pa.int64()),
+        "d_cid": pa.array([buffer_copy_id(r.buf) for r in reads], pa.int64()),
+        "d_check": pa.array([work.check_level(r.buf) for r in reads], pa.int32()),
+        "d_batch": pa.array([r.batch for r in reads], pa.int64()),
     }
     for i in range(nkeys):
-        columns[f"d_thr{i}"] = pa.array([d.thresholds[i] for _, d in reads], pa.int64())
-        columns[f"d_reason{i}"] = pa.array([d.reasons[i] for _, d in reads], pa.string())
+        columns[f"d_thr{i}"] = pa.array([r.decision.thresholds[i] for r in reads], pa.int64())
+        columns[f"d_reason{i}"] = pa.array([r.decision.reasons[i] for r in reads], pa.string())
     return spark.createDataFrame(pa.table(columns))
 
 
-def _few_rows(reads: Sequence[tuple[Buffer, Decision]]) -> bool:
-    """Whether the batch needs less than half of the rows of the (local) files it reads."""
-    needed = sum(buf.rows for buf, _ in reads)
+def _few_rows(reads: Sequence[Read]) -> bool:
+    """Whether the pass needs less than half of the rows of the (local) files it reads."""
+    needed = sum(r.buf.rows for r in reads)
     total = 0
-    for file in {buf.file for buf, _ in reads}:
+    for file in {r.buf.file for r in reads}:
         rows = file_rows(file)
         if rows is None:
             return False
@@ -180,35 +213,35 @@ def _few_rows(reads: Sequence[tuple[Buffer, Decision]]) -> bool:
     return needed * 2 < total
 
 
-def _sliced(spark: SparkSession, reads: Sequence[tuple[Buffer, Decision]], schema: StructType, nkeys: int) -> DataFrame:
+def _sliced(spark: SparkSession, reads: Sequence[Read], schema: StructType, nkeys: int) -> DataFrame:
     """The rows of ``reads`` read by their row ranges (``replay.engine.slices``), decision columns attached."""
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    fields = [StructField("d_cid", LongType())]
+    fields = [StructField("d_cid", LongType()), StructField("d_batch", LongType())]
     for i in range(nkeys):
         fields += [StructField(f"d_thr{i}", LongType()), StructField(f"d_reason{i}", StringType())]
     slices: list[Slice] = []
-    for buf, d in reads:
-        values: list[Any] = [buffer_copy_id(buf)]
+    for r in reads:
+        values: list[Any] = [buffer_copy_id(r.buf), r.batch]
         for i in range(nkeys):
-            values += [d.thresholds[i], d.reasons[i]]
-        slices.append((buf.file, buf.row_start, buf.rows, tuple(values)))
+            values += [r.decision.thresholds[i], r.decision.reasons[i]]
+        slices.append((r.buf.file, r.buf.row_start, r.buf.rows, tuple(values)))
     return read_slices(spark, slices, schema, StructType(fields))
 
 
 def _joined(
     spark: SparkSession,
-    reads: Sequence[tuple[Buffer, Decision]],
-    work: BatchWork,
+    reads: Sequence[Read],
+    work: PassWork,
     layout: ArchiveLayout,
     schema: StructType,
     spark_paths: Mapping[str, str],
     nkeys: int,
 ) -> DataFrame:
-    """The rows of ``reads`` read by Spark's Parquet reader and joined to the batch's decisions."""
+    """The rows of ``reads`` read by Spark's Parquet reader and joined to the pass's decisions."""
     from pyspark.sql import functions as F
 
-    files = sorted({spark_paths.get(buf.file, buf.file) for buf, _ in reads})
+    files = sorted({spark_paths.get(r.buf.file, r.buf.file) for r in reads})
     raw = spark.read.schema(schema).parquet(*files)
     decisions = _decision_frame(spark, reads, work, spark_paths, nkeys)
     on_identity = (
@@ -218,7 +251,7 @@ def _joined(
     )
     # A buffer with discarded copies elsewhere is matched by file too; when a copy shares its
     # file, by row range as well. Row positions are read only then.
-    level = max((work.check_level(buf) for buf, _ in reads), default=0)
+    level = max((work.check_level(r.buf) for r in reads), default=0)
     located: list[Column] = []
     if level >= 1:
         located.append(F.col("_metadata.file_path").alias("_file"))
@@ -238,29 +271,44 @@ def _q(name: str) -> Column:
     return F.col(f"`{name}`")
 
 
-def run_batch(
+def _due_batch(end: Column, steps: Sequence[Step], i: int) -> Column:
+    """The first batch of the pass whose ``E_k`` (key ``i``) reaches ``end``, or null: the window stays open."""
+    from pyspark.sql import functions as F
+
+    due: Column | None = None
+    reached: int | None = None
+    for step in steps:
+        if reached is not None and step.effective[i] <= reached:
+            continue  # E_k did not move: no window can first be due here
+        reached = step.effective[i]
+        condition = end <= F.lit(reached)
+        due = F.when(condition, F.lit(step.batch)) if due is None else due.when(condition, F.lit(step.batch))
+    return F.lit(None).cast("long") if due is None else due
+
+
+def run_pass(
     spark: SparkSession,
     *,
     config: JobConfig,
     layout: ArchiveLayout,
     schema: StructType,
     spark_paths: Mapping[str, str],
-    work: BatchWork,
-) -> WorkResult:
-    """Do one batch's tuple work in Spark (see the module docstring) in one Spark action.
+    work: PassWork,
+) -> dict[int, WorkResult]:
+    """Do the tuple work of one or more consecutive micro-batches in Spark (see the module
+    docstring) in one Spark action; returns each batch's result, by batch number.
 
-    Every destination's rows (per window aggregation its due and its open windows, and the
-    late tuples) are branches of one union, written by ``replay.engine.sink`` in one job; the batch's
-    counts and each aggregation's windowed tuples ride along as observed metrics.
+    A window is emitted at the first batch of the pass whose ``E_k`` reaches its end: every
+    tuple decided in a later batch has a threshold at or above that batch's ``E_k``
+    (``replay.core.progress``), so no later on-time tuple can enter it, and its aggregate over the
+    whole pass is the one the batch would have emitted alone. Every destination's rows (per
+    window aggregation its due windows, per batch, and its open windows; the late tuples, per
+    batch; the per-batch counts) are branches of one union, written by ``replay.engine.sink``.
     """
-    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     if "ns" in layout.time_columns.values():
         spark.conf.set("spark.sql.legacy.parquet.nanosAsLong", "true")
-    # Adaptive execution replaces a stage that produced no rows by an empty relation, and the
-    # observed metrics computed in that stage go with it: keep the stage (it is empty anyway).
-    spark.conf.set("spark.sql.adaptive.optimizer.excludedRules", _KEEP_EMPTY_STAGES)
     nkeys = len(layout.keys)
     key_index = {k.name: i for i, k in enumerate(layout.keys)}
     specs: list[WindowSpec] = list(config.windows)
@@ -268,20 +316,24 @@ def run_batch(
     columns = output_columns(specs, agg_types)
     windows_struct, late_struct = table_structs(config, schema, layout)
     range_start, range_end = work.range
+    steps = list(work.steps)
+    carried = any(r.batch == 0 for r in work.reads)
 
-    def build(reads: Sequence[tuple[Buffer, Decision]]) -> DataFrame:
+    def build(reads: Sequence[Read]) -> DataFrame:
         """The rows of ``reads`` with their decision, event times in microseconds and per-key flags."""
         joined = _sliced(spark, reads, schema, nkeys) if _few_rows(reads) else None
         if joined is None:
             joined = _joined(spark, reads, work, layout, schema, spark_paths, nkeys)
         raw = joined
         punctuation = _q(layout.key).isNull()
+        events = []
         for i, key in enumerate(layout.keys):
-            joined = joined.withColumn(f"_ev{i}", time_micros(raw, key.event_time, layout.time_columns[key.event_time]))
-            punctuation = punctuation & F.col(f"_ev{i}").isNull()
+            events.append(time_micros(raw, key.event_time, layout.time_columns[key.event_time]).alias(f"_ev{i}"))
+        joined = joined.select("*", *events)
         flags: list[Column] = []
         for i in range(nkeys):
             ev = F.col(f"_ev{i}")
+            punctuation = punctuation & ev.isNull()
             inside = ev.isNotNull()
             if range_start is not None:
                 inside = inside & (ev >= F.lit(range_start))
@@ -296,76 +348,121 @@ def run_batch(
 
     branches: list[DataFrame] = []
     parts: dict[str, Part] = {}
-    tag = uuid.uuid4().hex[:8]  # observation names are unique per batch
     rows_frame = build(work.reads) if work.reads else None
-    observed: DataFrame | None = None  # the rows with the batch's counts attached: in the plan exactly once
-    batch_metrics: Observation | None = None
-    if rows_frame is not None:
-        batch_metrics = Observation(f"batch_{tag}")
-        lo = F.col("d_cid").bitwiseAND(F.lit(0xFFFFFFFF))
-        hi = F.shiftrightunsigned(F.col("d_cid"), 32)
-        flag_counts = [
-            F.count(F.when(F.col(f"_{name}{k}"), 1)).alias(f"{name}{k}")
-            for k in range(nkeys)
-            for name in ("late", "on", "out")
-        ]
-        observed = rows_frame.observe(
-            batch_metrics,
-            F.count(F.lit(1)).alias("rows"),
-            F.count(F.when(F.col("_tuple"), 1)).alias("tuples"),
-            F.coalesce(F.sum(lo), F.lit(0)).alias("cid_lo"),
-            F.coalesce(F.sum(hi), F.lit(0)).alias("cid_hi"),
-            *flag_counts,
-        )
-
-    spec_metrics: dict[int, Observation] = {}
     final_names = ["window", "wm_key", "key", "window_start", "window_end", *[name for name, _ in columns]]
+    counts_dir = Path(work.counts_dir)
+    count_schema = "batch long, rows long, tuples long, cid_lo long, cid_hi long"
+    spec_cols: dict[int, WindowColumns] = {}
     for s, spec in enumerate(specs):
         i = key_index[spec.wm_key]
-        cols = WindowColumns(
+        cols = spec_cols[s] = WindowColumns(
             event_micros=f"_ev{i}", key=layout.key, types=agg_types, range_start=range_start, range_end=range_end
         )
         pieces: list[DataFrame] = []
         previous = work.open_state.get(spec.name)
         if previous is not None:
-            pieces.append(read_open(spark, previous))
+            pieces.append(read_open(spark, previous).withColumn("_fb", F.lit(0).cast("long")))
         if rows_frame is not None:
-            source, observed = (observed, None) if observed is not None else (rows_frame, None)
-            spec_metrics[s] = Observation(f"windowed{s}_{tag}")
-            fresh = partials(source.where(F.col(f"_on{i}")), spec, cols).where(F.col("_rows") > 0)
-            pieces.append(fresh.observe(spec_metrics[s], F.coalesce(F.sum("_owned"), F.lit(0)).alias("owned")))
+            fresh = partials(rows_frame.where(F.col(f"_on{i}")), spec, cols, first_batch="d_batch")
+            pieces.append(fresh.where(F.col("_rows") > 0))
         if not pieces:
             continue
-        merged = pieces[0] if len(pieces) == 1 and previous is None else merge(pieces, spec, cols)
-        due = window_end(F.col("window_start"), spec) <= F.lit(work.effective[i])
-        state_names = list(merged.columns)
+        merged = (
+            pieces[0]
+            if len(pieces) == 1 and previous is None
+            else merge(pieces, spec, cols, extra=[F.min("_fb").alias("_fb")])
+        )
+        end = window_end(F.col("window_start"), spec)
+        if previous is not None or carried:
+            # Windows ending by the floor were emitted by committed batches (their partials came
+            # back with the carried copies' tuples or the open state): never again.
+            merged = merged.where(end > F.lit(work.floor[i]))
+        due = _due_batch(end, steps, i)
+        state_names = [c for c in merged.columns if c != "_fb"]
         branch = merged.select(
-            F.when(due, F.lit(f"windows:{s}")).otherwise(F.lit(f"open:{s}")).alias("_part"),
+            F.when(due.isNull(), F.lit(f"open:{s}"))
+            .otherwise(F.concat(F.lit(f"windows:{s}:"), due.cast("string")))
+            .alias("_part"),
             F.col("_owned"),
             *[F.col(c).alias(f"s{s}_{c}") for c in state_names],
             *[e.alias(f"w_{name}") for name, e in zip(final_names, final_columns(spec, cols, columns), strict=True)],
         )
         branches.append(branch)
-        parts[f"windows:{s}"] = Part(
-            work.windows_dir, tuple((f"w_{n}", n) for n in final_names), _arrow_schema(windows_struct)
+        # How many windows each batch leaves open: those with a tuple from it or before (``_fb``,
+        # 0 for windows carried in) and not due by it.
+        branches.append(
+            merged.groupBy(F.col("_fb").alias(f"o{s}_first"), due.alias(f"o{s}_due"))
+            .agg(F.count(F.lit(1)).alias(f"o{s}_windows"))
+            .select(F.lit(f"opened:{s}").alias("_part"), "*")
         )
-        open_struct = merged.schema
+        parts[f"opened:{s}"] = Part(
+            str(counts_dir / f"opened-{s}"),
+            tuple((f"o{s}_{c}", c) for c in ("first", "due", "windows")),
+            _arrow_schema_of("first long, due long, windows long"),
+        )
+        for step in steps:
+            parts[f"windows:{s}:{step.batch}"] = Part(
+                step.windows_dir, tuple((f"w_{n}", n) for n in final_names), _arrow_schema(windows_struct)
+            )
         parts[f"open:{s}"] = Part(
-            work.state_dirs[spec.name], tuple((f"s{s}_{c}", c) for c in state_names), _arrow_schema(open_struct)
+            work.state_dirs[spec.name],
+            tuple((f"s{s}_{c}", c) for c in state_names),
+            _arrow_schema(merged.select(*state_names).schema),
         )
 
-    if observed is not None:
-        # No window aggregation reads the rows: count them in a branch of their own.
+    if rows_frame is not None:
+        # Per batch: what Spark saw of its copies (the ledger checks it against the scan) and, per
+        # window aggregation, the on-time tuples a window of it owns (``owner_start``). Carried
+        # copies were counted by the batch that decided them.
+        lo = F.col("d_cid").bitwiseAND(F.lit(0xFFFFFFFF))
+        hi = F.shiftrightunsigned(F.col("d_cid"), 32)
+        flag_counts = [
+            F.count(F.when(F.col(f"_{name}{k}"), 1)).alias(f"c_{name}{k}")
+            for k in range(nkeys)
+            for name in ("late", "on", "out")
+        ]
+        windowed = []
+        for s, spec in enumerate(specs):
+            i, cols = key_index[spec.wm_key], spec_cols[s]
+            t = F.col(f"_ev{i}")
+            owner = owner_start(t, spec, cols)
+            kept = F.col(f"_on{i}") & (window_end(owner, spec) > t)
+            if range_start is not None:
+                kept = kept & (owner >= F.lit(range_start))
+            windowed.append(F.count(F.when(kept, 1)).alias(f"c_win{s}"))
+        names = (
+            ["rows", "tuples", "cid_lo", "cid_hi"]
+            + [f"{name}{k}" for k in range(nkeys) for name in ("late", "on", "out")]
+            + [f"win{s}" for s in range(len(specs))]
+        )
         branches.append(
-            observed.groupBy().agg(F.count(F.lit(1)).alias("_owned")).select(F.lit("_counted").alias("_part"), "_owned")
+            rows_frame.where(F.col("d_batch") > 0)
+            .groupBy(F.col("d_batch").alias("c_batch"))
+            .agg(
+                F.count(F.lit(1)).alias("c_rows"),
+                F.count(F.when(F.col("_tuple"), 1)).alias("c_tuples"),
+                F.coalesce(F.sum(lo), F.lit(0)).alias("c_cid_lo"),
+                F.coalesce(F.sum(hi), F.lit(0)).alias("c_cid_hi"),
+                *flag_counts,
+                *windowed,
+            )
+            .select(F.lit("counts").alias("_part"), "*")
+        )
+        count_schema += "".join(f", {n} long" for n in names[4:])
+        parts["counts"] = Part(
+            str(counts_dir / "batches"),
+            tuple((f"c_{n}", n) for n in ["batch", *names]),
+            _arrow_schema_of(count_schema),
         )
 
     # Only copies whose smallest event time is below their threshold can hold a late tuple (a copy
-    # whose event times the scan did not read may); the late rows come from the batch's rows.
+    # whose event times the scan did not read may); the late rows come from the pass's rows.
     candidates = [
-        (buf, d)
-        for buf, d in work.reads
-        if buf.tuples and any(lo is None or lo < thr for lo, thr in zip(buf.min_event, d.thresholds, strict=True))
+        r
+        for r in work.reads
+        if r.batch > 0
+        and r.buf.tuples
+        and any(lo is None or lo < thr for lo, thr in zip(r.buf.min_event, r.decision.thresholds, strict=True))
     ]
     if candidates and rows_frame is not None:
         source = rows_frame
@@ -384,15 +481,18 @@ def run_batch(
                 F.col(f"d_reason{i}"),
             ]
             branches.append(
-                source.where(F.col(f"_late{i}")).select(
-                    F.lit("late").alias("_part"),
+                source.where(F.col(f"_late{i}") & (F.col("d_batch") > 0)).select(
+                    F.concat(F.lit("late:"), F.col("d_batch").cast("string")).alias("_part"),
                     *[v.alias(f"l_{n}") for n, v in zip(late_names, values, strict=True)],
                 )
             )
-        parts["late"] = Part(work.late_dir, tuple((f"l_{n}", n) for n in late_names), _arrow_schema(late_struct))
+        for step in steps:
+            parts[f"late:{step.batch}"] = Part(
+                step.late_dir, tuple((f"l_{n}", n) for n in late_names), _arrow_schema(late_struct)
+            )
 
     if not branches:
-        return WorkResult(specs={spec.name: SpecCounts() for spec in specs})
+        return {step.batch: WorkResult(specs={spec.name: SpecCounts() for spec in specs}) for step in steps}
     union = branches[0]
     for frame in branches[1:]:
         union = union.unionByName(frame, allowMissingColumns=True)
@@ -401,49 +501,91 @@ def run_batch(
         for r in union.mapInArrow(sink(parts), RESULT_SCHEMA).collect()
     ]
     keep_only([p.directory for p in parts.values()], written)
+    try:
+        return _results(work, specs, nkeys, written)
+    finally:
+        _remove_tree(counts_dir)
+
+
+def _results(
+    work: PassWork, specs: Sequence[WindowSpec], nkeys: int, written: Sequence[Written]
+) -> dict[int, WorkResult]:
+    """Each batch's result from what the pass wrote: its counts, its emitted and open windows."""
+    import pyarrow.parquet as pq
 
     totals: dict[str, tuple[int, int]] = {}
+    files: dict[str, list[str]] = {}
     for w in written:
         rows, owned = totals.get(w.part, (0, 0))
         totals[w.part] = (rows + w.rows, owned + w.owned)
-    counts: Counts | None = None
-    if batch_metrics is not None:
-        m = batch_metrics.get
-        counts = Counts(
-            rows=int(m["rows"]),
-            tuples=int(m["tuples"]),
-            cid_lo=int(m["cid_lo"]),
-            cid_hi=int(m["cid_hi"]),
-            late=tuple(int(m[f"late{k}"]) for k in range(nkeys)),
-            on_time=tuple(int(m[f"on{k}"]) for k in range(nkeys)),
-            outside=tuple(int(m[f"out{k}"]) for k in range(nkeys)),
+        files.setdefault(w.part, []).append(w.file)
+
+    def table(part: str) -> list[dict[str, Any]]:
+        return [row for f in sorted(files.get(part, [])) for row in pq.read_table(f).to_pylist()]
+
+    counts_by_batch = {int(row["batch"]): row for row in table("counts")}
+    opened = {s: table(f"opened:{s}") for s in range(len(specs))}
+    last = work.steps[-1].batch
+    results: dict[int, WorkResult] = {}
+    for step in work.steps:
+        b = step.batch
+        row = counts_by_batch.get(b)
+        counts = (
+            Counts(
+                rows=int(row["rows"]),
+                tuples=int(row["tuples"]),
+                cid_lo=int(row["cid_lo"]),
+                cid_hi=int(row["cid_hi"]),
+                late=tuple(int(row[f"late{k}"]) for k in range(nkeys)),
+                on_time=tuple(int(row[f"on{k}"]) for k in range(nkeys)),
+                outside=tuple(int(row[f"out{k}"]) for k in range(nkeys)),
+            )
+            if row is not None
+            else None
         )
-    spec_counts: dict[str, SpecCounts] = {}
-    for s, spec in enumerate(specs):
-        emitted, emitted_owned = totals.get(f"windows:{s}", (0, 0))
-        still_open, open_owned = totals.get(f"open:{s}", (0, 0))
-        spec_counts[spec.name] = SpecCounts(
-            windowed=int(spec_metrics[s].get["owned"]) if s in spec_metrics else 0,
-            emitted=emitted,
-            emitted_owned=emitted_owned,
-            open=still_open,
-            open_owned=open_owned,
-            open_dir=work.state_dirs[spec.name] if still_open else None,
+        spec_counts: dict[str, SpecCounts] = {}
+        for s, spec in enumerate(specs):
+            emitted, emitted_owned = totals.get(f"windows:{s}:{b}", (0, 0))
+            still_open = sum(
+                int(o["windows"]) for o in opened[s] if int(o["first"]) <= b and (o["due"] is None or int(o["due"]) > b)
+            )
+            open_rows, open_owned = totals.get(f"open:{s}", (0, 0))
+            spec_counts[spec.name] = SpecCounts(
+                windowed=int(row[f"win{s}"]) if row is not None else 0,
+                emitted=emitted,
+                emitted_owned=emitted_owned,
+                open=still_open,
+                open_owned=open_owned if b == last else None,
+                open_dir=work.state_dirs[spec.name] if b == last and open_rows else None,
+            )
+        late_rows = totals.get(f"late:{b}", (0, 0))[0]
+        results[b] = WorkResult(
+            counts=counts,
+            specs=spec_counts,
+            windows_written=any(totals.get(f"windows:{s}:{b}", (0, 0))[0] for s in range(len(specs))),
+            late_written=late_rows > 0,
+            late_rows=late_rows,
         )
-    late_rows = totals.get("late", (0, 0))[0]
-    return WorkResult(
-        counts=counts,
-        specs=spec_counts,
-        windows_written=any(totals.get(f"windows:{s}", (0, 0))[0] for s in range(len(specs))),
-        late_written=late_rows > 0,
-        late_rows=late_rows,
-    )
+    return results
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _arrow_schema(struct: StructType) -> bytes:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     return bytes(to_arrow_schema(struct, timezone="UTC").serialize())
+
+
+def _arrow_schema_of(ddl: str) -> bytes:
+    import pyarrow as pa
+
+    fields = [part.strip().split(" ") for part in ddl.split(",")]
+    return bytes(pa.schema([(name, pa.int64()) for name, _ in fields]).serialize())
 
 
 def read_open(spark: SparkSession, directory: str) -> DataFrame:

@@ -141,6 +141,7 @@ def partials(
     *,
     on_time: Column | None = None,
     extra: Sequence[Column] = (),
+    first_batch: str | None = None,
 ) -> DataFrame:
     """One partial row per (key, window start) over ``rows``.
 
@@ -150,7 +151,8 @@ def partials(
     tuple is owned by the latest of its windows that is kept. The other rows still go
     through the aggregation, so ``extra`` aggregates can count every row in the same
     pass: each row appears once with ``_first`` true (sliding windows repeat rows). Groups
-    with ``_rows == 0`` hold no window: callers drop them before merging.
+    with ``_rows == 0`` hold no window: callers drop them before merging. ``first_batch``: a
+    column whose smallest value over the window's member tuples becomes ``_fb``.
     """
     from pyspark.sql import functions as F
 
@@ -171,18 +173,22 @@ def partials(
     if cols.range_end is not None:
         member = member & (shape.end(F.col("_start"), COLUMN_OPS) <= F.lit(cols.range_end))
     owned = F.col("_start") == owner_start(t, spec, cols)
+    first = [] if first_batch is None else [F.min(F.when(member, F.col(_q(first_batch)))).alias("_fb")]
     return assigned.groupBy(F.col(_q(cols.key)).alias("key"), F.col("_start").alias("window_start")).agg(
-        *_partial_exprs(spec, cols, member, owned), *extra
+        *_partial_exprs(spec, cols, member, owned), *first, *extra
     )
 
 
-def merge(parts: Sequence[DataFrame], spec: WindowSpec, cols: WindowColumns) -> DataFrame:
-    """Merge partial frames (same columns as ``partials``) per (key, window start)."""
+def merge(
+    parts: Sequence[DataFrame], spec: WindowSpec, cols: WindowColumns, *, extra: Sequence[Column] = ()
+) -> DataFrame:
+    """Merge partial frames (same columns as ``partials``) per (key, window start); ``extra``:
+    more aggregates over the partials' own columns."""
     frames = list(parts)
     union = frames[0]
     for frame in frames[1:]:
         union = union.unionByName(frame)
-    return union.groupBy("key", "window_start").agg(*_merge_exprs(spec, cols))
+    return union.groupBy("key", "window_start").agg(*_merge_exprs(spec, cols), *extra)
 
 
 def _final(agg: Aggregation, i: int, cols: WindowColumns) -> Column:

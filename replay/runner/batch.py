@@ -1,16 +1,24 @@
-"""One micro-batch of ``replay run``, from feeding the engine to the commit (docs/outputs.md#exactly-once).
+"""Micro-batches of ``replay run``, from feeding the engine to the commit (docs/outputs.md#passes).
 
-The steps, each a function below:
+A **pass** is one or more consecutive micro-batches of a run whose tuple work one Spark action
+does; each batch is still checked and committed on its own. The steps, each a function below:
 
-1. ``_feed``: the batch's buffers go to the progress engine, which decides some of them
-   (their thresholds per key) and moves the watermarks;
-2. ``_count_reads``: the ledger counts every copy read, kept or discarded;
-3. ``_tuple_work``: the decided buffers' tuples are aggregated in Spark
-   (``replay.engine.aggregate``), or not at all when nothing can change;
-4. ``_stage``: the batch's files are written (each fsynced): progress rows, buffer records,
-   the engine snapshot and the buffers it holds, the discarded and consumed lists when they
-   change;
-5. the batch is appended to the batch log and committed (``replay.store.checkpoint``).
+1. ``_plan``, per batch: the batch's buffers go to the progress engine, which decides some of
+   them (their thresholds per key) and moves the watermarks; what each batch then needs for its
+   commit (the engine's state, the pending buffers) is kept;
+2. ``_tuple_work``, once per pass: the decided buffers' tuples of all its batches are
+   aggregated in Spark (``replay.engine.aggregate.run_pass``), or not at all when nothing can
+   change; windows go to the batch at which they became due, late rows to the batch that
+   decided them;
+3. ``_commit``, per batch in order: the ledger counts every copy read and checks what Spark saw
+   of the batch; the batch's files are written (each fsynced): progress rows, buffer records,
+   the copies it read with their decisions, the engine snapshot and the buffers it holds, the
+   discarded and consumed lists when they change; the batch is appended to the batch log and
+   committed (``replay.store.checkpoint``).
+
+A commit inside a pass names the open windows the pass started from plus the copies its batches
+read up to it (``Commit.carry``): resuming there, the next pass reads those copies' tuples again
+into the open windows, dropping windows the committed batches already emitted.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from replay.core.buffer import Buffer
 from replay.core.config import JobConfig
 from replay.core.progress import Decision, ProgressSnapshot
-from replay.engine.aggregate import BatchWork, WorkResult, buffer_copy_id, copy_id, run_batch
+from replay.engine.aggregate import PassWork, Read, Step, WorkResult, buffer_copy_id, copy_id, run_pass
 from replay.engine.archive import ArchiveLayout
 from replay.engine.schemas import table_schemas
 from replay.runner.dedup import other_copies
@@ -79,81 +87,59 @@ class Batch:
     finish: bool
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Planned:
+    """One batch of a pass after the engine was fed: what its commit needs."""
+
+    batch: int
+    token: str
+    input: Batch
+    snapshot: ProgressSnapshot
+    reads: list[tuple[Buffer, Decision]]  # decided copies whose tuples the batch reads
+    skipped: list[Buffer]  # decided copies a backfill range does not need
+    engine: dict[str, Any]  # the engine's state after the batch, and the buffers it holds
+    held: list[Buffer]
+    pending: dict[tuple[int, int, int], Buffer]  # undecided after the batch
+
+    @property
+    def prefix(self) -> str:
+        return f"b{self.batch:08d}-{self.token}"
+
+
 def process(
-    ctx: RunContext, state: State, batch_in: Batch, consumed: dict[str, list[int]], spark: SparkSession
-) -> tuple[Commit, dict[str, Any]]:
-    """Process and commit one batch; returns its commit and its progress report. ``state`` and
-    ``consumed`` (updated when the batch ends the run) are carried to the next batch."""
+    ctx: RunContext, state: State, batches: Sequence[Batch], consumed: dict[str, list[int]], spark: SparkSession
+) -> list[tuple[Commit, dict[str, Any]]]:
+    """Process one pass of consecutive batches in one Spark action and commit each batch in
+    order; returns each commit with its progress report. ``state`` and ``consumed`` (updated when
+    a batch ends the run) are carried to the next pass."""
     previous = state.commit
-    batch = (previous.batch + 1) if previous else 1
-    token = uuid.uuid4().hex[:8]
-    fault("before_batch", batch)
-
-    decisions, snapshot, moved = _feed(state, batch_in)
-    _count_reads(state.ledger, batch_in)
-    reads = _relevant_reads(ctx, state, decisions)
-    prefix = f"{ctx.cid}-b{batch:08d}-{token}"
-    stem = f"state/b{batch:08d}-{token}"
-    worked, open_after = _tuple_work(ctx, state, batch_in, reads, snapshot, moved, prefix, stem, spark)
-    key_index = {k.name: i for i, k in enumerate(ctx.layout.keys)}
-    result = worked or WorkResult()
-    if worked is not None:
-        account(state.ledger, reads, worked, ctx.config, key_index, len(ctx.layout.keys), batch)
-    check_ledger(state.ledger, state.pending, ctx.config, key_index, batch)
-
-    outputs = {
-        "windows": f"data/windows/{prefix}" if result.windows_written else None,
-        "late": f"data/late/{prefix}" if result.late_written else None,
-        "progress": f"data/progress/{prefix}.parquet",
-    }
-    progress = snapshot_json(snapshot)
-    discarded_rel, consumed_rel = _stage(ctx, state, batch_in, batch, snapshot, progress, consumed, prefix, stem)
-    fault("after_staging", batch)
-    log = ctx.store.append_log(
-        LogEntry(
-            batch=batch,
-            run=ctx.run,
-            token=token,
-            finish=batch_in.finish,
-            join={k: tuple(sorted(v)) for k, v in batch_in.join.items()},
-            buffers=f"{stem}-buffers.parquet",
-            outputs=outputs,
-            ledger=ledger_row(state.ledger, state.pending, ctx.config, key_index),
-        ),
-        previous.log if previous else LogPointer(),
-    )
-    record = Commit(
-        batch=batch,
-        run=ctx.run,
-        token=token,
-        finish=batch_in.finish,
-        lateness=ctx.mode,
-        range=ctx.range,
-        log=log,
-        consumed=consumed_rel,
-        discarded=discarded_rel,
-        engine=f"{stem}-engine.json",
-        held=f"{stem}-held.parquet",
-        open_state=open_after,
-        outputs=outputs,
-        ledger=state.ledger.to_json(),
-        pending_buffers=len(state.pending),
-        pending_tuples=sum(b.tuples for b in state.pending.values()),
-        schemas=table_schemas(ctx.config, ctx.schema, ctx.layout, previous.schemas if previous else None),
-    )
-    fault("during_commit", batch)
-    ctx.store.commit(record)
-    for buf in batch_in.buffers:
-        state.known[buf.identity] = buf
-        state.known_copies.add((buf.file, buf.row_start))
-    state.discarded.extend(batch_in.discarded)
-    state.known_copies |= {(c.file, c.row_start) for c in batch_in.discarded}
-    state.commit = record
-    return record, progress
+    first = (previous.batch + 1) if previous else 1
+    floor = tuple(k.effective_watermark for k in state.engine.snapshot().keys)
+    planned: list[_Planned] = []
+    moved = False
+    for index, batch_in in enumerate(batches):
+        step, step_moved = _plan(ctx, state, batch_in, first + index)
+        planned.append(step)
+        moved = moved or step_moved
+    results, open_after = _tuple_work(ctx, state, planned, moved, floor, spark)
+    committed: list[tuple[Commit, dict[str, Any]]] = []
+    carry = list(state.commit.carry) if state.commit else []
+    open_before = dict(state.commit.open_state) if state.commit else {}
+    for step in planned:
+        fault("before_batch", step.batch)
+        last = step is planned[-1]
+        if results is not None and step.reads:
+            carry.append(f"state/{step.prefix}-reads.parquet")
+        open_state, commit_carry = (open_after, ()) if last and results is not None else (open_before, tuple(carry))
+        result = None if results is None else results[step.batch]
+        committed.append(_commit(ctx, state, step, result, open_state, commit_carry, consumed))
+    if results is not None:
+        state.carry_reads = []  # the pass's open windows hold them now
+    return committed
 
 
-def _feed(state: State, batch_in: Batch) -> tuple[list[Decision], ProgressSnapshot, bool]:
-    """Feed the batch to the engine: its decisions, its snapshot after, and whether an effective
+def _plan(ctx: RunContext, state: State, batch_in: Batch, batch: int) -> tuple[_Planned, bool]:
+    """Feed one batch to the engine; returns what its commit needs and whether an effective
     watermark moved."""
     engine = state.engine
     engine.join({k: sorted(v) for k, v in batch_in.join.items()})
@@ -164,114 +150,205 @@ def _feed(state: State, batch_in: Batch) -> tuple[list[Decision], ProgressSnapsh
     if batch_in.finish:
         decisions += engine.finish()
     snapshot = engine.snapshot()
-    return decisions, snapshot, tuple(k.effective_watermark for k in snapshot.keys) != before
+    start, end = ctx.range
+    reads: list[tuple[Buffer, Decision]] = []
+    skipped: list[Buffer] = []
+    for d in decisions:
+        buf = state.pending.pop((d.origin, d.sequence, d.chunk))
+        if relevant(buf, start, end):
+            reads.append((buf, d))
+        else:
+            skipped.append(buf)
+    values, held = engine.export_state()
+    step = _Planned(
+        batch=batch,
+        token=uuid.uuid4().hex[:8],
+        input=batch_in,
+        snapshot=snapshot,
+        reads=reads,
+        skipped=skipped,
+        engine=values,
+        held=held,
+        pending=dict(state.pending),
+    )
+    return step, tuple(k.effective_watermark for k in snapshot.keys) != before
 
 
-def _count_reads(ledger: Ledger, batch_in: Batch) -> None:
-    """Every copy read enters the ledger: the kept ones, and the discarded ones as discarded."""
-    for buf in batch_in.buffers:
+def _count_reads(ledger: Ledger, step: _Planned) -> None:
+    """Every copy read enters the ledger: the kept ones, and the discarded ones as discarded; a
+    copy a backfill range did not need counts as processed, outside the range."""
+    for buf in step.input.buffers:
         ledger.tuples_read += buf.tuples
         ledger.read_xor ^= buffer_copy_id(buf)
-    for copy in batch_in.discarded:
+    for copy in step.input.discarded:
         cid = copy_id(copy.origin, copy.sequence, copy.chunk, copy.file, copy.row_start)
         ledger.tuples_read += copy.tuples
         ledger.read_xor ^= cid
         ledger.discarded_xor ^= cid
         ledger.discarded_tuples += copy.tuples
         ledger.discarded_copies += 1
-
-
-def _relevant_reads(ctx: RunContext, state: State, decisions: Sequence[Decision]) -> list[tuple[Buffer, Decision]]:
-    """The decided buffers whose tuples the batch reads; a backfill range skips the others
-    (counted as processed, outside the range)."""
-    start, end = ctx.range
-    reads: list[tuple[Buffer, Decision]] = []
-    for d in decisions:
-        buf = state.pending.pop((d.origin, d.sequence, d.chunk))
-        if relevant(buf, start, end):
-            reads.append((buf, d))
-        else:
-            state.ledger.outside_skipped += buf.tuples
-            state.ledger.processed_xor ^= buffer_copy_id(buf)
-    return reads
+    for buf in step.skipped:
+        ledger.outside_skipped += buf.tuples
+        ledger.processed_xor ^= buffer_copy_id(buf)
 
 
 def _tuple_work(
     ctx: RunContext,
     state: State,
-    batch_in: Batch,
-    reads: list[tuple[Buffer, Decision]],
-    snapshot: ProgressSnapshot,
+    planned: Sequence[_Planned],
     moved: bool,
-    prefix: str,
-    stem: str,
+    floor: tuple[int, ...],
     spark: SparkSession,
-) -> tuple[WorkResult | None, dict[str, str | None]]:
-    """The batch's Spark work (``None``: none needed) and the open-window state it leaves (paths
-    under the checkpoint)."""
+) -> tuple[dict[int, WorkResult] | None, dict[str, str | None]]:
+    """The pass's Spark work, per batch (``None``: none needed), and the open-window state the
+    pass leaves (paths under the checkpoint)."""
     store = ctx.store
     open_before = dict(state.commit.open_state) if state.commit else {}
-    if not any(buf.tuples for buf, _ in reads) and not moved:
+    if not any(buf.tuples for step in planned for buf, _ in step.reads) and not moved:
         # Nothing to aggregate (no reads, or punctuation only) and no watermark moved: no window
-        # can change, so no Spark work; the buffers still count as processed.
-        for buf, _ in reads:
-            state.ledger.processed_xor ^= buffer_copy_id(buf)
+        # can change, so no Spark work.
         return None, open_before
-    work = BatchWork(
+    last = planned[-1]
+    reads = [Read(buf=buf, decision=d, batch=0) for buf, d in state.carry_reads]
+    reads += [Read(buf=buf, decision=d, batch=step.batch) for step in planned for buf, d in step.reads]
+    work = PassWork(
         reads=reads,
-        effective=tuple(k.effective_watermark for k in snapshot.keys),
+        steps=[
+            Step(
+                batch=step.batch,
+                effective=tuple(k.effective_watermark for k in step.snapshot.keys),
+                windows_dir=str(ctx.output / "data" / "windows" / f"{ctx.cid}-{step.prefix}"),
+                late_dir=str(ctx.output / "data" / "late" / f"{ctx.cid}-{step.prefix}"),
+            )
+            for step in planned
+        ],
+        floor=floor,
         open_state={name: str(store.root / d) if d else None for name, d in open_before.items()},
-        windows_dir=str(ctx.output / "data" / "windows" / prefix),
-        late_dir=str(ctx.output / "data" / "late" / prefix),
-        state_dirs={s.name: str(store.root / f"{stem}-open-{s.name}") for s in ctx.config.windows},
+        state_dirs={s.name: str(store.root / "state" / f"{last.prefix}-open-{s.name}") for s in ctx.config.windows},
+        counts_dir=str(store.root / "state" / f"{last.prefix}-counts"),
         range=ctx.range,
-        checked=other_copies([*state.discarded, *batch_in.discarded]),
+        checked=other_copies(state.discarded + [c for step in planned for c in step.input.discarded]),
     )
-    result = run_batch(
+    results = run_pass(
         spark, config=ctx.config, layout=ctx.layout, schema=ctx.schema, spark_paths=state.spark_paths, work=work
     )
     open_after = {
         name: (str(Path(c.open_dir).relative_to(store.root)) if c.open_dir else None)
-        for name, c in result.specs.items()
+        for name, c in results[last.batch].specs.items()
     }
-    return result, open_after
+    return results, open_after
+
+
+def _commit(
+    ctx: RunContext,
+    state: State,
+    step: _Planned,
+    result: WorkResult | None,
+    open_state: Mapping[str, str | None],
+    carry: tuple[str, ...],
+    consumed: dict[str, list[int]],
+) -> tuple[Commit, dict[str, Any]]:
+    """Check one batch's ledger, stage its files and commit it."""
+    previous = state.commit
+    batch, prefix = step.batch, step.prefix
+    key_index = {k.name: i for i, k in enumerate(ctx.layout.keys)}
+    _count_reads(state.ledger, step)
+    if result is None:
+        for buf, _ in step.reads:
+            state.ledger.processed_xor ^= buffer_copy_id(buf)
+    else:
+        account(state.ledger, step.reads, result, ctx.config, key_index, len(ctx.layout.keys), batch)
+    check_ledger(state.ledger, step.pending, ctx.config, key_index, batch)
+
+    worked = result or WorkResult()
+    outputs = {
+        "windows": f"data/windows/{ctx.cid}-{prefix}" if worked.windows_written else None,
+        "late": f"data/late/{ctx.cid}-{prefix}" if worked.late_written else None,
+        "progress": f"data/progress/{ctx.cid}-{prefix}.parquet",
+    }
+    progress = snapshot_json(step.snapshot)
+    discarded_rel, consumed_rel = _stage(ctx, state, step, result is not None, progress, consumed)
+    fault("after_staging", batch)
+    stem = f"state/{prefix}"
+    log = ctx.store.append_log(
+        LogEntry(
+            batch=batch,
+            run=ctx.run,
+            token=step.token,
+            finish=step.input.finish,
+            join={k: tuple(sorted(v)) for k, v in step.input.join.items()},
+            buffers=f"{stem}-buffers.parquet",
+            outputs=outputs,
+            ledger=ledger_row(state.ledger, step.pending, ctx.config, key_index),
+        ),
+        previous.log if previous else LogPointer(),
+    )
+    record = Commit(
+        batch=batch,
+        run=ctx.run,
+        token=step.token,
+        finish=step.input.finish,
+        lateness=ctx.mode,
+        range=ctx.range,
+        log=log,
+        consumed=consumed_rel,
+        discarded=discarded_rel,
+        engine=f"{stem}-engine.json",
+        held=f"{stem}-held.parquet",
+        open_state=dict(open_state),
+        outputs=outputs,
+        ledger=state.ledger.to_json(),
+        pending_buffers=len(step.pending),
+        pending_tuples=sum(b.tuples for b in step.pending.values()),
+        schemas=table_schemas(ctx.config, ctx.schema, ctx.layout, previous.schemas if previous else None),
+        carry=carry,
+    )
+    fault("during_commit", batch)
+    ctx.store.commit(record)
+    for buf in step.input.buffers:
+        state.known[buf.identity] = buf
+        state.known_copies.add((buf.file, buf.row_start))
+    state.discarded.extend(step.input.discarded)
+    state.known_copies |= {(c.file, c.row_start) for c in step.input.discarded}
+    state.commit = record
+    return record, progress
 
 
 def _stage(
     ctx: RunContext,
     state: State,
-    batch_in: Batch,
-    batch: int,
-    snapshot: ProgressSnapshot,
+    step: _Planned,
+    worked: bool,
     progress: dict[str, Any],
     consumed: dict[str, list[int]],
-    prefix: str,
-    stem: str,
 ) -> tuple[str | None, str | None]:
     """Write the batch's files; returns the discarded-copy and consumed-file lists its commit
     points at (the previous commit's when they did not change)."""
     store, nkeys, previous = ctx.store, len(ctx.layout.keys), state.commit
-    write_parquet(progress_table(batch, snapshot), ctx.output / "data" / "progress" / f"{prefix}.parquet")
-    _state.write_buffers(store.root / f"{stem}-buffers.parquet", batch_in.buffers, nkeys)
+    stem = f"state/{step.prefix}"
+    progress_file = ctx.output / "data" / "progress" / f"{ctx.cid}-{step.prefix}.parquet"
+    write_parquet(progress_table(step.batch, step.snapshot), progress_file)
+    _state.write_buffers(store.root / f"{stem}-buffers.parquet", step.input.buffers, nkeys)
+    if worked and step.reads:
+        _state.write_reads(store.root / f"{stem}-reads.parquet", step.reads, nkeys)
     discarded_rel = previous.discarded if previous else None
-    if batch_in.discarded:
+    if step.input.discarded:
         discarded_rel = f"{stem}-discarded.parquet"
-        _state.write_discarded(store.root / discarded_rel, [*state.discarded, *batch_in.discarded])
+        _state.write_discarded(store.root / discarded_rel, [*state.discarded, *step.input.discarded])
     consumed_rel = previous.consumed if previous else None
-    if batch_in.finish:
+    if step.input.finish:
         consumed.update({f: file_stamp(f) for f in ctx.run_files})
         consumed_rel = f"{stem}-files.parquet"
         _state.write_consumed(store.root / consumed_rel, consumed)
-    engine_values, held = state.engine.export_state()
-    held_files = {b.file for b in held}
+    held_files = {b.file for b in step.held}
     store.write_snapshot(
         f"{stem}-engine.json",
         EngineSnapshot(
-            engine=engine_values,
-            undecided=tuple(sorted(state.pending)),
+            engine=step.engine,
+            undecided=tuple(sorted(step.pending)),
             progress=progress,
             spark_paths={f: p for f, p in state.spark_paths.items() if f in held_files},
         ),
     )
-    _state.write_buffers(store.root / f"{stem}-held.parquet", held, nkeys)
+    _state.write_buffers(store.root / f"{stem}-held.parquet", step.held, nkeys)
     return discarded_rel, consumed_rel

@@ -182,5 +182,8 @@ def account(
         ledger.unwindowed[name] = ledger.unwindowed.get(name, 0) + on_time - c.windowed
         ledger.emitted_owned[name] = ledger.emitted_owned.get(name, 0) + c.emitted_owned
         ledger.emitted_windows[name] = ledger.emitted_windows.get(name, 0) + c.emitted
-        ledger.open_owned[name] = c.open_owned
+        # A batch inside a pass has no open-window files of its own: what its open windows own
+        # follows from what entered and left them (the pass's last batch checks it on the files).
+        derived = ledger.open_owned.get(name, 0) + c.windowed - c.emitted_owned
+        ledger.open_owned[name] = derived if c.open_owned is None else c.open_owned
         ledger.open_windows[name] = c.open

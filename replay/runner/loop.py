@@ -45,7 +45,7 @@ from replay.engine.inspection import participants_of
 from replay.engine.scan import FileCache
 from replay.runner.batch import Batch, RunContext, fault, process
 from replay.runner.dedup import deduplicate
-from replay.runner.plan import cut_batches, file_stamp, plan_batches
+from replay.runner.plan import cut_batches, file_stamp, plan_batches, plan_passes
 from replay.runner.resume import rebuild
 from replay.store import state as _state
 from replay.store.checkpoint import CheckpointStore, LockInfo
@@ -335,20 +335,23 @@ class _Runner:
             run_files=tuple(run_files),
         )
         batches_done = 0
-        for index, batch_buffers in enumerate(plan):
-            batch_in = Batch(
-                buffers=batch_buffers,
-                join=participants if index == 0 and done == 0 else {},
-                discarded=discarded if index == 0 else [],
-                finish=index == len(plan) - 1,
-            )
-            commit, progress = process(ctx, state, batch_in, consumed, self.spark)
-            self._records[commit.batch] = commit
-            self._progress = (commit.batch, progress)
-            store.prune(config.retain, self._records)
-            self._records = {b: r for b, r in self._records.items() if b in set(store.commits())}
-            batches_done += 1
-            self.event("batch", index + 1, len(plan))
+        for group in plan_passes(plan, config):
+            batches = [
+                Batch(
+                    buffers=plan[index],
+                    join=participants if index == 0 and done == 0 else {},
+                    discarded=discarded if index == 0 else [],
+                    finish=index == len(plan) - 1,
+                )
+                for index in group
+            ]
+            for commit, progress in process(ctx, state, batches, consumed, self.spark):
+                self._records[commit.batch] = commit
+                self._progress = (commit.batch, progress)
+                store.prune(config.retain, self._records)
+                self._records = {b: r for b, r in self._records.items() if b in set(store.commits())}
+                batches_done += 1
+                self.event("batch", batches_done, len(plan))
         assert commit is not None
         return self._finish_version(
             commit, batches=batches_done, buffers=len(new), tuples=sum(b.tuples for b in new), resumed=resumed

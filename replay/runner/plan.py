@@ -10,7 +10,7 @@ from replay.core.buffer import Buffer
 from replay.core.config import JobConfig
 from replay.core.paths import local_path
 
-__all__ = ["cut_batches", "file_stamp", "plan_batches", "relevant"]
+__all__ = ["cut_batches", "file_stamp", "plan_batches", "plan_passes", "relevant"]
 
 
 def file_stamp(path: str) -> list[int]:
@@ -69,3 +69,25 @@ def cut_batches(buffers: Sequence[Buffer], cuts: Sequence[int]) -> list[list[Buf
         batches.append(list(buffers[at : at + size]))
         at += size
     return batches
+
+
+def plan_passes(batches: Sequence[Sequence[Buffer]], config: JobConfig) -> list[range]:
+    """The run's batches (their buffers, in order) grouped into passes of consecutive batches: at
+    most ``max_batches_per_pass`` batches and ``max_tuples_per_pass`` tuples each (a batch larger
+    than that is a pass of its own)."""
+    limit_batches = config.micro_batch.max_batches_per_pass
+    limit_tuples = config.micro_batch.max_tuples_per_pass
+    out: list[range] = []
+    start, tuples = 0, 0
+    for index, batch in enumerate(batches):
+        size = sum(b.tuples for b in batch)
+        full = index - start >= limit_batches or (
+            limit_tuples is not None and index > start and tuples + size > limit_tuples
+        )
+        if full:
+            out.append(range(start, index))
+            start, tuples = index, 0
+        tuples += size
+    if len(batches) > start:
+        out.append(range(start, len(batches)))
+    return out

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from replay.core.buffer import Buffer
 from replay.core.config import JobConfig
 from replay.core.errors import CheckpointStateError, Location
-from replay.core.progress import ProgressEngine
+from replay.core.progress import Decision, ProgressEngine
 from replay.engine.archive import ArchiveLayout
 from replay.engine.inspection import engine_for
 from replay.runner.ledger import Ledger
@@ -43,6 +43,9 @@ class State:
     ledger: Ledger
     commit: Commit | None
     spark_paths: dict[str, str] = field(default_factory=dict)
+    # The copies, with their decisions, whose on-time tuples complete the open windows of a commit
+    # inside a pass (``Commit.carry``): the next pass reads them into its open windows again.
+    carry_reads: list[tuple[Buffer, Decision]] = field(default_factory=list)
     history_loaded: bool = True
     nkeys: int = 1
 
@@ -101,6 +104,7 @@ def rebuild(
     undecided = set(snapshot.undecided)
     state.pending = {b.identity: b for b in held if b.identity in undecided}
     state.spark_paths = dict(snapshot.spark_paths)
+    state.carry_reads = [read for path in commit.carry for read in _state.read_reads(store.root / path, nkeys)]
     state.history_loaded = False
     if len(state.pending) != commit.pending_buffers:
         raise CheckpointStateError(

@@ -143,7 +143,10 @@ class Commit(_Record):
     and modification time (``None`` before the first run finishes). ``discarded``: every copy
     discarded so far (duplicates and conflicting copies; ``None``: none). ``engine`` and ``held``:
     the engine snapshot and the buffers it holds. ``open_state``: per window spec, the directory of
-    its open windows (``None``: none open). ``outputs``: the batch's own output files.
+    its open windows (``None``: none open). ``carry``: when the batch was not the last of its pass
+    (docs/outputs.md#passes), the copies-and-decisions files of the pass's batches up to it, whose
+    on-time tuples complete ``open_state`` (at most a pass's batches, so the commit stays bounded).
+    ``outputs``: the batch's own output files.
     """
 
     batch: int
@@ -163,10 +166,11 @@ class Commit(_Record):
     pending_buffers: int
     pending_tuples: int
     schemas: Mapping[str, str]
+    carry: tuple[str, ...] = ()
 
     def state_files(self) -> list[str]:
         """Every file or directory under the checkpoint this commit needs (relative paths)."""
-        files = [self.engine, self.held, *(d for d in self.open_state.values() if d)]
+        files = [self.engine, self.held, *(d for d in self.open_state.values() if d), *self.carry]
         return files + [f for f in (self.consumed, self.discarded) if f]
 
     def output_files(self) -> list[str]:
@@ -194,4 +198,5 @@ class Commit(_Record):
             pending_buffers=int(data["pending_buffers"]),
             pending_tuples=int(data["pending_tuples"]),
             schemas=dict(data["schemas"]),
+            carry=tuple(str(f) for f in data.get("carry", ())),
         )

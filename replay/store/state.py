@@ -13,20 +13,24 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replay.core.buffer import Buffer
+from replay.core.progress_records import Decision
 
 __all__ = [
     "Discarded",
     "read_buffers",
     "read_consumed",
     "read_discarded",
+    "read_reads",
     "write_buffers",
     "write_consumed",
     "write_discarded",
+    "write_reads",
 ]
 
 
@@ -50,6 +54,11 @@ def _optional_list(values: Sequence[int | None]) -> pa.Array:
 
 def write_buffers(path: Path, buffers: Sequence[Buffer], nkeys: int) -> None:
     """Write ``buffers`` (their order is kept) to a Parquet file at ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(_buffer_columns(buffers, nkeys)), path)
+
+
+def _buffer_columns(buffers: Sequence[Buffer], nkeys: int) -> dict[str, pa.Array]:
     columns: dict[str, pa.Array] = {
         "origin": pa.array([b.origin for b in buffers], type=pa.int64()),
         "sequence": pa.array([b.sequence for b in buffers], type=pa.int64()),
@@ -67,14 +76,47 @@ def write_buffers(path: Path, buffers: Sequence[Buffer], nkeys: int) -> None:
         columns[f"wm{i}"] = _optional_list([b.watermarks[i] for b in buffers])
         columns[f"ev{i}_min"] = _optional_list([b.min_event[i] for b in buffers])
         columns[f"ev{i}_max"] = _optional_list([b.max_event[i] for b in buffers])
+    return columns
+
+
+def write_reads(path: Path, reads: Sequence[tuple[Buffer, Decision]], nkeys: int) -> None:
+    """Write the copies a batch read with their decisions (thresholds and reasons per key), in order."""
+    columns = _buffer_columns([buf for buf, _ in reads], nkeys)
+    for i in range(nkeys):
+        columns[f"thr{i}"] = pa.array([d.thresholds[i] for _, d in reads], type=pa.int64())
+        columns[f"reason{i}"] = pa.array([d.reasons[i] for _, d in reads], type=pa.string())
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table(columns), path)
+
+
+def read_reads(path: Path, nkeys: int) -> list[tuple[Buffer, Decision]]:
+    """The copies and decisions ``write_reads`` wrote to ``path``, in the same order."""
+    with open(path, "rb") as handle:
+        table = pq.read_table(handle).to_pydict()
+    buffers = _buffers_of(table, nkeys)
+    return [
+        (
+            buf,
+            Decision(
+                origin=buf.origin,
+                sequence=buf.sequence,
+                chunk=buf.chunk,
+                thresholds=tuple(table[f"thr{k}"][n] for k in range(nkeys)),
+                reasons=tuple(table[f"reason{k}"][n] for k in range(nkeys)),
+            ),
+        )
+        for n, buf in enumerate(buffers)
+    ]
 
 
 def read_buffers(path: Path, nkeys: int) -> list[Buffer]:
     """The buffers ``write_buffers`` wrote to ``path``, in the same order."""
     with open(path, "rb") as handle:  # through Python's open: resume tests count the files a run opens
         table = pq.read_table(handle).to_pydict()
+    return _buffers_of(table, nkeys)
+
+
+def _buffers_of(table: Mapping[str, list[Any]], nkeys: int) -> list[Buffer]:
     out = []
     for i in range(len(table["origin"])):
         out.append(

@@ -226,6 +226,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--max-files-per-trigger", type=int, default=None, help="files per micro-batch of the streaming baseline"
     )
+    parser.add_argument(
+        "--only", choices=("batch", "streaming"), default=None, help="run one baseline (a cold run in its own process)"
+    )
     options = parser.parse_args(argv)
     if not options.archive.is_dir():
         parser.error(f"{options.archive} is not a directory")
@@ -234,10 +237,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"SparkSession start: {time.perf_counter() - start:.1f} s", flush=True)
     rows: list[tuple[int, BaselineResult]] = []
     try:
-        for run in range(1, options.runs + 1):
+        for run in range(1, options.runs + 1 if options.only != "streaming" else 1):
             rows.append((run, plain_batch(spark, options.archive)))
             print(_table(rows[-1:]).splitlines()[-1], flush=True)
-        for run in range(1, options.runs + 1):
+        for run in range(1, options.runs + 1 if options.only != "batch" else 1):
             result = structured_streaming(spark, options.archive, max_files_per_trigger=options.max_files_per_trigger)
             rows.append((run, result))
             print(_table(rows[-1:]).splitlines()[-1], flush=True)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from replay.core.config import JobConfig
     from replay.engine.archive import ArchiveLayout
+    from replay.store.manifest import Manifest
 
 __all__ = ["SuiteInputs"]
 
@@ -23,7 +24,7 @@ class SuiteInputs:
     (integer microseconds; ``NEG_INF`` when no watermark yet). ``range`` is the
     backfill range ``[start, end)`` (``None`` on either side: unbounded).
     ``tables`` holds the version's tables as Spark DataFrames. ``manifest`` is the
-    version's manifest (``ledger_batches``, ``origins``, ``counts``, ``files``).
+    version's manifest, typed (``ledger_batches``, ``origins``, ``counts``, ``files``).
     """
 
     spark: SparkSession
@@ -33,7 +34,7 @@ class SuiteInputs:
     effective: Mapping[str, int]
     range: tuple[int | None, int | None]
     tables: Mapping[str, DataFrame]
-    manifest: Mapping[str, Any]
+    manifest: Manifest
     version: int
     late_per_key: Mapping[str, int]  # rows of the late table per watermark key
     #: The event-time range the run replayed (differs from ``range`` for a merged publication, whose

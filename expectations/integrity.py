@@ -34,7 +34,7 @@ def frame(inputs: SuiteInputs) -> DataFrame:
     for found in inputs.tables["integrity"].groupBy("kind", "wm_key").count().collect():
         counts[(found["kind"], found["wm_key"])] = int(found["count"])
     late = inputs.late_per_key
-    read = int(inputs.manifest.get("counts", {}).get("tuples_read", 0))
+    read = int((inputs.manifest.counts or {}).get("tuples_read", 0))
     rows = []
     for key in inputs.effective:
         row: dict[str, Any] = {"wm_key": key}

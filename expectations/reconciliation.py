@@ -151,7 +151,7 @@ def recompute(inputs: SuiteInputs) -> tuple[DataFrame, dict[str, int]]:
     is_tuple = _tuple_flag(layout)
     left_out = {"discarded": discarded.where(is_tuple).count(), "pending": 0}
     if inputs.mode == "origin":
-        prefix = {int(o["origin"]): int(o["complete_prefix"]) for o in inputs.manifest.get("origins", [])}
+        prefix = {int(o["origin"]): int(o["complete_prefix"]) for o in inputs.manifest.origins or ()}
         limit = F.create_map(*[x for o, p in prefix.items() for x in (F.lit(o), F.lit(p + 1))])
         undecided = F.col("_s") > F.coalesce(limit[F.col("_o")], F.lit(1))
         left_out["pending"] = kept.where(undecided & is_tuple).count()
@@ -275,7 +275,7 @@ def _ledger_checks(
     inputs: SuiteInputs, left_out: dict[str, int], window_counts: dict[str, int]
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    batches = list(inputs.manifest.get("ledger_batches", []))
+    batches = list(inputs.manifest.ledger_batches or ())
     for entry in batches:
         accounted_xor = entry["processed_xor"] ^ entry["pending_xor"] ^ entry["discarded_xor"]
         xor_problem = None

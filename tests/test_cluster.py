@@ -223,7 +223,7 @@ def test_a_replay_on_a_standalone_cluster_equals_a_local_one(tmp_path: Path, spa
         dag_digests = digest(done.dag_output, run_version)
         assert {t: dag_digests[t] for t in DETERMINISTIC} == {t: local_digests[t] for t in DETERMINISTIC}
         published = current_version(done.dag_output)
-        assert published is not None and read_manifest(done.dag_output, published)["source"] == run_version
+        assert published is not None and read_manifest(done.dag_output, published).source == run_version
         assert digest(done.dag_output)["windows"] == local_digests["windows"]
     finally:
         shutil.rmtree(done.work, ignore_errors=True)

@@ -83,7 +83,7 @@ def test_the_backfill_dag_publishes_what_replay_run_computes_and_a_second_trigge
     assert run_version is not None and digest(out, run_version) == digest(reference)
     assert (read_validation(out, run_version) or {}).get("success") is True
     published = current_version(out)
-    assert published is not None and read_manifest(out, published)["kind"] == "publication"
+    assert published is not None and read_manifest(out, published).kind == "publication"
     assert digest(out)["windows"] == digest(reference)["windows"]
     assert (out / "_report" / "index.html").stat().st_size > 10_000
     # The plan put the checkpoint under the checkpoint root (here the common root), one per output and range.

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from replay.core.errors import ConfigError
 from replay.core.timeutil import NEG_INF, format_ts, parse_timestamp
 from replay.store.digest import canonical_lines, digest, show_lines, table_digest
-from replay.store.outputs import TABLES, write_manifest
+from replay.store.outputs import TABLES, Manifest, write_manifest
 
 MINUTE = 60_000_000
 T0 = parse_timestamp("2026-01-01T00:00:00Z")
@@ -235,16 +235,16 @@ def write_files(root: Path, table: str, batch: str, *parts: pa.Table) -> str:
     return entry
 
 
-def manifest(windows_entries: list[str], schemas: dict[str, pa.Schema] | None = None) -> dict[str, Any]:
-    document: dict[str, Any] = {"tables": {name: [] for name in TABLES} | {"windows": windows_entries}}
-    if schemas:
-        document["schemas"] = {name: s.serialize().to_pybytes().hex() for name, s in schemas.items()}
-    return document
+def manifest(windows_entries: list[str], schemas: dict[str, pa.Schema] | None = None) -> Manifest:
+    return Manifest(
+        tables={name: () for name in TABLES} | {"windows": tuple(windows_entries)},
+        schemas={name: s.serialize().to_pybytes().hex() for name, s in (schemas or {}).items()},
+    )
 
 
 def test_digest_of_an_output_is_one_digest_per_table(tmp_path: Path) -> None:
     entry = write_files(tmp_path, "windows", "00000001", windows(*ROWS))
-    version = write_manifest(tmp_path, manifest([entry]))
+    version = write_manifest(tmp_path, manifest([entry])).version
     result = digest(tmp_path, version)
     assert list(result) == list(TABLES)
     assert result["windows"] == table_digest(windows(*ROWS))
@@ -252,17 +252,17 @@ def test_digest_of_an_output_is_one_digest_per_table(tmp_path: Path) -> None:
 
 
 def test_a_different_split_across_files_and_batches_gives_the_same_digest(tmp_path: Path) -> None:
-    one = write_manifest(tmp_path, manifest([write_files(tmp_path, "windows", "00000001", windows(*ROWS))]))
+    one = write_manifest(tmp_path, manifest([write_files(tmp_path, "windows", "00000001", windows(*ROWS))])).version
     first = write_files(tmp_path, "windows", "00000002", windows(ROWS[3]), windows(ROWS[1]))
     second = write_files(tmp_path, "windows", "00000003", windows(ROWS[2], ROWS[0]))
-    two = write_manifest(tmp_path, manifest([second, first]))
+    two = write_manifest(tmp_path, manifest([second, first])).version
     assert digest(tmp_path, one) == digest(tmp_path, two)
 
 
 def test_an_empty_table_with_a_stored_schema_digests_like_an_empty_file(tmp_path: Path) -> None:
-    stored = write_manifest(tmp_path, manifest([], schemas={"windows": WINDOWS}))
-    empty_file = write_manifest(tmp_path, manifest([write_files(tmp_path, "windows", "00000001", windows())]))
-    no_schema = write_manifest(tmp_path, manifest([]))
+    stored = write_manifest(tmp_path, manifest([], schemas={"windows": WINDOWS})).version
+    empty_file = write_manifest(tmp_path, manifest([write_files(tmp_path, "windows", "00000001", windows())])).version
+    no_schema = write_manifest(tmp_path, manifest([])).version
     assert digest(tmp_path, stored)["windows"] == table_digest(WINDOWS.empty_table())
     assert digest(tmp_path, stored) == digest(tmp_path, empty_file)
     assert digest(tmp_path, stored)["windows"] != digest(tmp_path, no_schema)["windows"]

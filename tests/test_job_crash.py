@@ -162,7 +162,7 @@ def _referenced_outputs(output: str) -> set[str]:
 
     version = latest_version(output)
     assert version is not None
-    tables = read_manifest(output, version)["tables"]
+    tables = read_manifest(output, version).tables
     return set(tables["windows"]) | set(tables["late"])
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from replay import parse_config, run
 from replay.core.config import JobConfig
 from replay.core.errors import PublicationError
 from replay.quality.validate import ValidationOutcome, validate
-from replay.store.durable import payload_digest
+from replay.store.durable import signed
 from replay.store.outputs import current_version, list_versions, read_manifest, read_table
 from replay.store.publish import publish
 
@@ -72,10 +73,10 @@ def test_unvalidated_and_failed_versions_are_refused(
     windows = read_table(out, "windows", 3)
     pq.write_table(pa.concat_tables([windows, windows.slice(0, 1)]), out / "data" / "windows" / "twice.parquet")
     manifest = read_manifest(out, 3)
-    manifest["tables"]["windows"] = ["data/windows/twice.parquet"]
+    manifest = replace(manifest, tables=dict(manifest.tables) | {"windows": ("data/windows/twice.parquet",)})
     # Written as a writer would (with its payload's digest): a version whose data is wrong, not a damaged file.
-    signed = manifest | {"sha256": payload_digest(manifest)}
-    (out / "versions" / "000003.json").write_text(json.dumps(signed), encoding="utf-8")
+    document = signed(manifest.to_json(), manifest.format_version)
+    (out / "versions" / "000003.json").write_text(json.dumps(document), encoding="utf-8")
     assert not validate(out, 3, suites=["windows"], spark=spark).success
     with pytest.raises(PublicationError) as failed:
         publish(out, 3)
@@ -175,7 +176,7 @@ def test_a_range_backfill_after_a_buffer_was_added_corrects_exactly_the_changed_
     # Retention keeps the newest version, the current publication and what it was built from (its source and
     # the publication it corrects), and deletes the files only the others used.
     assert not publish(out, 3, retain_versions=1).changed
-    range_windows = [out / entry for entry in read_manifest(out, 3)["tables"]["windows"]]
+    range_windows = [out / entry for entry in read_manifest(out, 3).tables["windows"]]
     assert range_windows and all(p.exists() for p in range_windows)
     again = publish(out, 1, retain_versions=1)
     assert again.changed and current_version(out) == 5

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from replay.core.errors import ConfigError
 from replay.generate import GenerateOptions, generate_archive
 from replay.quality.report import write_report
 from replay.runner.loop import run
-from replay.store.outputs import read_manifest, read_table, write_manifest, write_validation
+from replay.store.outputs import Manifest, read_manifest, read_table, write_manifest, write_validation
 from replay.store.publish import publish
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -214,7 +214,7 @@ def test_the_page_is_well_formed_self_contained_html_with_every_section(
 @pytest.mark.spark
 def test_the_summary_numbers_are_the_manifests(replayed: Replayed, report: tuple[Path, Page]) -> None:
     _, page = report
-    counts = read_manifest(replayed.output, 1)["counts"]
+    counts = read_manifest(replayed.output, 1).counts
     assert counts["discarded_copies"] > 0 and sum(counts["late"]) > 0
     text = page.text
     assert f"Tuples read {counts['tuples_read']:,}" in text
@@ -366,10 +366,8 @@ def test_the_corrections_table_per_change(replayed: Replayed, tmp_path: Path) ->
     )
     pq.write_table(corrections, output / "corrections.parquet")
     manifest = read_manifest(output, 1)
-    for field in ("format_version", "version", "created"):
-        del manifest[field]
-    manifest["tables"] = manifest["tables"] | {"corrections": ["corrections.parquet"]}
-    assert write_manifest(output, manifest) == 2
+    manifest = replace(manifest, tables=dict(manifest.tables) | {"corrections": ("corrections.parquet",)})
+    assert write_manifest(output, manifest).version == 2
 
     page = Page(write_report(output, None, tmp_path / "v2").read_text(encoding="utf-8"))
     assert page.errors == []
@@ -518,22 +516,22 @@ def hand_built_output(root: Path) -> Path:
         ),
         root / "data" / "integrity.parquet",
     )
-    tables = {t: [f"data/{t}.parquet"] for t in ("progress", "late", "integrity")}
+    tables = {t: (f"data/{t}.parquet",) for t in ("progress", "late", "integrity")}
     write_manifest(
         root,
-        {
-            "kind": "run",
-            "lateness": "origin",
-            "tables": tables,
-            "watermarks": [{"key": "default", "global": None, "participants": list(range(1, 15))}],
-            "counts": {"tuples_read": 1000, "late": [6, 0]},
-            "config": {
+        Manifest(
+            kind="run",
+            lateness="origin",
+            tables=tables,
+            watermarks=({"key": "default", "global": None, "participants": list(range(1, 15))},),
+            counts={"tuples_read": 1000, "late": [6, 0]},
+            config={
                 "archive": "somewhere",
                 "time_unit": "ms",
                 "columns": {"event_time": "ts_ms"},
                 "watermarks": None,
             },
-        },
+        ),
     )
     return root
 

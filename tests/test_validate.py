@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +20,8 @@ from replay.cli import app
 from replay.core.config import JobConfig
 from replay.core.errors import CheckpointStateError
 from replay.quality.validate import ValidationOutcome, validate
-from replay.store.durable import payload_digest
-from replay.store.outputs import latest_version, read_manifest, read_table, read_validation
+from replay.store.durable import signed
+from replay.store.outputs import Manifest, latest_version, read_manifest, read_table, read_validation
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -47,10 +49,10 @@ def test_every_suite_passes_on_a_correct_output(validated: tuple[JobConfig, Vali
     assert Path(outcome.data_docs).is_file()
 
 
-def _rewrite(output: Path, version: int, manifest: dict[str, Any]) -> None:
+def _rewrite(output: Path, version: int, manifest: Manifest) -> None:
     """Write ``manifest`` over a version's as a writer would: with its payload's sha256."""
-    signed = manifest | {"sha256": payload_digest(manifest)}
-    (output / "versions" / f"{version:06d}.json").write_text(json.dumps(signed), encoding="utf-8")
+    document = signed(manifest.to_json(), manifest.format_version)
+    (output / "versions" / f"{version:06d}.json").write_text(json.dumps(document), encoding="utf-8")
 
 
 def _broken(output: str, to: Path, table: str, mutate: Callable[[pa.Table], pa.Table]) -> str:
@@ -61,7 +63,7 @@ def _broken(output: str, to: Path, table: str, mutate: Callable[[pa.Table], pa.T
     broken = mutate(read_table(to, table, version))
     pq.write_table(broken, to / "data" / table / "broken.parquet")
     manifest = read_manifest(to, version)
-    manifest["tables"][table] = [f"data/{table}/broken.parquet"]
+    manifest = replace(manifest, tables=dict(manifest.tables) | {table: (f"data/{table}/broken.parquet",)})
     _rewrite(to, version, manifest)
     return str(to)
 
@@ -194,10 +196,9 @@ def test_a_version_without_validation_facts_is_refused(
     assert config.output is not None
     to = tmp_path / "old"
     shutil.copytree(config.output, to, ignore=shutil.ignore_patterns("_validation"))
-    manifest = read_manifest(to, 1)
-    del manifest["ledger_batches"]
+    manifest = replace(read_manifest(to, 1), ledger_batches=None, format_version=1)
     # As an earlier Replay wrote it: the first manifest format, without a digest.
-    (to / "versions" / "000001.json").write_text(json.dumps(manifest | {"format_version": 1}), encoding="utf-8")
+    (to / "versions" / "000001.json").write_text(json.dumps(manifest.to_json()), encoding="utf-8")
     with pytest.raises(CheckpointStateError) as caught:
         validate(to)
     assert caught.value.code == "output.not_validatable"
@@ -211,8 +212,9 @@ def test_the_data_docs_keep_a_bounded_history(
     out = tmp_path / "out"
     shutil.copytree(config.output, out, ignore=shutil.ignore_patterns("_validation"))
     manifest = read_manifest(out, 1)
-    manifest["config"]["validation"]["docs_history"] = 2  # a judging setting, not part of the fingerprint
-    _rewrite(out, 1, manifest)
+    config = copy.deepcopy(dict(manifest.config or {}))
+    config["validation"]["docs_history"] = 2  # a judging setting, not part of the fingerprint
+    _rewrite(out, 1, replace(manifest, config=config))
     gx = out / "_validation" / "gx" / "uncommitted"
     counts = []
     for _ in range(3):

@@ -36,6 +36,7 @@ from replay.quality.report_tables import (
     timeline_section,
 )
 from replay.store.outputs import (
+    Manifest,
     current_version,
     list_versions,
     read_manifest,
@@ -70,7 +71,7 @@ def write_report(
     manifest = read_manifest(root, number)
     target = Path(to)
     status = checkpoint_status(checkpoint) if checkpoint is not None else None
-    config: dict[str, Any] = manifest.get("config") or {}
+    config: Mapping[str, Any] = manifest.config or {}
     integrity = read_table(root, "integrity", number)
     progress = read_table(root, "progress", number)
     context = {
@@ -99,7 +100,7 @@ def write_report(
 # (the sections drawn from the tables, and the display text of values: replay.quality.report_tables)
 
 
-def _header(root: Path, number: int, manifest: Mapping[str, Any]) -> dict[str, Any]:
+def _header(root: Path, number: int, manifest: Manifest) -> dict[str, Any]:
     current = current_version(root)
     if current == number:
         published = "published (current)"
@@ -107,7 +108,7 @@ def _header(root: Path, number: int, manifest: Mapping[str, Any]) -> dict[str, A
         published = "not published (nothing is published yet)"
     else:
         published = f"not published (the current publication is version {current})"
-    config = manifest.get("config") or {}
+    config = manifest.config or {}
     return {
         "output": str(root),
         "version": number,
@@ -115,39 +116,39 @@ def _header(root: Path, number: int, manifest: Mapping[str, Any]) -> dict[str, A
         "published": current == number,
         "published_text": published,
         "archive": config.get("archive", "—"),
-        "lateness": manifest.get("lateness", config.get("lateness", "—")),
-        "created": manifest.get("created", "—"),
+        "lateness": manifest.lateness if manifest.lateness is not None else config.get("lateness", "—"),
+        "created": manifest.created or "—",
         "kind": _kind(manifest),
-        "checkpoint_id": manifest.get("checkpoint_id", "—"),
-        "run": manifest.get("run"),
-        "batch": manifest.get("batch"),
-        "range": _range(manifest.get("range") or [None, None]),
+        "checkpoint_id": manifest.checkpoint_id if manifest.checkpoint_id is not None else "—",
+        "run": manifest.run,
+        "batch": manifest.batch,
+        "range": _range(manifest.range or (None, None)),
     }
 
 
-def _kind(manifest: Mapping[str, Any]) -> str:
-    if manifest.get("kind") != "publication":
-        return str(manifest.get("kind", "run"))
-    previous = manifest.get("previous")
-    return f"publication of version {manifest.get('source')}" + (
+def _kind(manifest: Manifest) -> str:
+    if manifest.kind != "publication":
+        return manifest.kind
+    previous = manifest.previous
+    return f"publication of version {manifest.source}" + (
         f", after publication {previous}" if previous is not None else ", the first"
     )
 
 
-def _range(bounds: list[int | None]) -> str:
+def _range(bounds: tuple[int | None, int | None]) -> str:
     if bounds[0] is None and bounds[1] is None:
         return "the whole archive"
     return f"[{format_ts(bounds[0]) or 'open'}, {format_ts(bounds[1]) or 'open'})"
 
 
-def _summary(manifest: Mapping[str, Any], progress: pa.Table, integrity: pa.Table) -> dict[str, Any]:
-    counts: dict[str, Any] = manifest.get("counts") or {}
-    keys: list[dict[str, Any]] = list(manifest.get("watermarks") or [])
-    config = manifest.get("config") or {}
+def _summary(manifest: Manifest, progress: pa.Table, integrity: pa.Table) -> dict[str, Any]:
+    counts: Mapping[str, Any] = manifest.counts or {}
+    keys: list[Mapping[str, Any]] = list(manifest.watermarks or ())
+    config = manifest.config or {}
     read = int(counts.get("tuples_read", 0))
     late = [int(n) for n in counts.get("late", [])]
-    ledger = manifest.get("ledger_batches") or []
-    pending_buffers = {int(o["origin"]): int(o["pending_buffers"]) for o in manifest.get("origins") or []}
+    ledger = manifest.ledger_batches or ()
+    pending_buffers = {int(o["origin"]): int(o["pending_buffers"]) for o in manifest.origins or ()}
     kinds = Counter(integrity.column("kind").to_pylist()) if "kind" in integrity.column_names else Counter()
     batches = len(set(progress.column("batch").to_pylist())) if "batch" in progress.column_names else len(ledger)
     cards = [
@@ -210,12 +211,12 @@ def _summary(manifest: Mapping[str, Any], progress: pa.Table, integrity: pa.Tabl
     return {"cards": cards, "keys": key_rows, "windows": window_rows}
 
 
-def _validation(root: Path, number: int, manifest: Mapping[str, Any], target: Path) -> dict[str, Any] | None:
+def _validation(root: Path, number: int, manifest: Manifest, target: Path) -> dict[str, Any] | None:
     """The version's validation record; a publication's is its source version's (publish requires it)."""
     validated = number
     record = read_validation(root, number)
-    if record is None and manifest.get("kind") == "publication" and manifest.get("source") is not None:
-        validated = int(manifest["source"])
+    if record is None and manifest.kind == "publication" and manifest.source is not None:
+        validated = manifest.source
         record = read_validation(root, validated)
     if record is None:
         return None

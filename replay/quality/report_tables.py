@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from replay.core.timeutil import MICROS_PER_SECOND, NEG_INF, format_ts
 from replay.core.vocabulary import IntegrityKind
 from replay.quality.charts import histogram_chart, timeline_chart
+from replay.store.manifest import Manifest
 
 if TYPE_CHECKING:
     import numpy as np
@@ -148,11 +149,11 @@ def timeline_section(progress: pa.Table) -> list[dict[str, Any]]:
     return result
 
 
-def lateness_section(late: pa.Table, manifest: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+def lateness_section(late: pa.Table, manifest: Manifest, config: Mapping[str, Any]) -> dict[str, Any]:
     import numpy as np
     import pyarrow.compute as pc
 
-    keys = [k["key"] for k in manifest.get("watermarks") or []]
+    keys = [k["key"] for k in manifest.watermarks or ()]
     int_unit = 1000 if config.get("time_unit") == "ms" else 1
     sections = []
     for key in keys or sorted(set(late.column("wm_key").to_pylist()) if late.num_rows else []):

@@ -24,6 +24,7 @@ from replay.core.config import JobConfig
 from replay.core.errors import CheckpointStateError, ConfigError, Location, ReplayError
 from replay.store.outputs import (
     TABLES,
+    Manifest,
     decode_schema,
     latest_run_version,
     read_manifest,
@@ -39,6 +40,9 @@ if TYPE_CHECKING:
     from expectations import SuiteInputs
 
 __all__ = ["DOCS_INDEX", "ValidationOutcome", "validate"]
+
+#: The manifest fields validation needs, which manifests written by earlier Replays may lack.
+_VALIDATION_FACTS = ("config", "files", "lateness", "watermarks", "ledger_batches")
 
 #: The Data Docs index, relative to the output root.
 DOCS_INDEX = "_validation/gx/uncommitted/data_docs/local_site/index.html"
@@ -66,7 +70,7 @@ def _error(message: str, output: Path, version: int, todo: str, code: str) -> Re
     )
 
 
-def spark_table(spark: SparkSession, output: Path, manifest: dict[str, Any], table: str) -> DataFrame:
+def spark_table(spark: SparkSession, output: Path, manifest: Manifest, table: str) -> DataFrame:
     """One table of a version as a Spark DataFrame (empty, with the recorded schema, when it has no file)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -74,33 +78,34 @@ def spark_table(spark: SparkSession, output: Path, manifest: dict[str, Any], tab
     files = [str(Path(f).absolute()) for f in table_files(output, manifest, table)]
     if files:
         return spark.read.option("mergeSchema", "true").parquet(*files)
-    hexed = manifest.get("schemas", {}).get(table)
+    hexed = manifest.schemas.get(table)
     if not hexed:
         return spark.createDataFrame([], "empty string")
     return spark.createDataFrame([], from_arrow_schema(decode_schema(hexed)))
 
 
-def _inputs(spark: SparkSession, output: Path, version: int, manifest: dict[str, Any]) -> SuiteInputs:
+def _inputs(spark: SparkSession, output: Path, version: int, manifest: Manifest) -> SuiteInputs:
+    """What the suites are built from; ``manifest`` holds every field ``_VALIDATION_FACTS`` names."""
     from expectations import SuiteInputs
     from replay.engine.archive import inspect_schema
 
-    config = JobConfig.model_validate(manifest["config"])
-    layout = inspect_schema(config, manifest["files"])
+    config = JobConfig.model_validate(manifest.config)
+    layout = inspect_schema(config, manifest.files or ())
     tables = {t: spark_table(spark, output, manifest, t) for t in TABLES if t != "corrections"}
-    run_range = (manifest["range"][0], manifest["range"][1]) if manifest.get("range") else (None, None)
+    run_range = manifest.range or (None, None)
     shown_range = run_range
     previous_windows = None
-    if manifest.get("kind") == "publication" and manifest.get("merged_range"):
+    if manifest.kind == "publication" and manifest.merged_range and manifest.previous is not None:
         # The previous publication's windows outside the range were copied; the suites check the whole.
         shown_range = (None, None)
-        previous = read_manifest(output, int(manifest["previous"]))
+        previous = read_manifest(output, manifest.previous)
         previous_windows = spark_table(spark, output, previous, "windows")
     return SuiteInputs(
         spark=spark,
         config=config,
         layout=layout,
-        mode=manifest["lateness"],
-        effective={k["key"]: int(k["effective"]) for k in manifest["watermarks"]},
+        mode=manifest.lateness or "",
+        effective={k["key"]: int(k["effective"]) for k in manifest.watermarks or ()},
         range=shown_range,
         recompute_range=run_range,
         previous_windows=previous_windows,
@@ -206,7 +211,7 @@ def validate(
     root = Path(output)
     v = resolve_version(root, version if version is not None else latest_run_version(root))
     manifest = read_manifest(root, v)
-    if "config" not in manifest or "ledger_batches" not in manifest:
+    if any(getattr(manifest, name) is None for name in _VALIDATION_FACTS):
         raise _error(
             f"version {v} was written by an earlier Replay that did not record what validation needs",
             root,
@@ -223,7 +228,7 @@ def validate(
                 todo=f"use some of: {', '.join(SUITES)}",
                 code="validate.unknown_suite",
             )
-    config = JobConfig.model_validate(manifest["config"])
+    config = JobConfig.model_validate(manifest.config)
     session = spark or get_session(config.spark)
     inputs = _inputs(session, root, v, manifest)
     project = root / "_validation"

@@ -239,10 +239,10 @@ class _Runner:
                 manifest = read_manifest(self.output, version)
             except (OSError, ValueError, ReplayError):
                 continue
-            mine = manifest.get("checkpoint_id") == self.cid and manifest.get("kind", "run") == "run"
-            if mine and int(manifest.get("batch", 0)) <= after:
+            mine = manifest.checkpoint_id == self.cid and manifest.kind == "run"
+            if mine and (manifest.batch or 0) <= after:
                 break  # versions are written in batch order: the older ones list older batches
-            keep |= {str(self.output / p) for paths in manifest.get("tables", {}).values() for p in paths}
+            keep |= {str(self.output / p) for p in manifest.all_entries()}
         return keep
 
     def execute(self) -> RunSummary:

@@ -7,18 +7,19 @@ Layout of an output directory::
     versions/<version>.validation.json                       the validation verdict of a version (``replay validate``)
     current                                                  the publication pointer (``replay publish``)
 
-A version is a manifest: for each table (``windows``, ``late``, ``progress``,
-``integrity``) the data files and directories that make it up, relative to the
-output root. Files are shared between versions (an incremental run's version is
-the previous one plus the new batches' files), never rewritten, so every earlier
-version stays readable. Manifests are written atomically and numbered with an
-exclusive create, so two checkpoints writing to one output cannot take the same
-number.
+A version is a manifest (a typed ``Manifest``, ``replay.store.manifest``): for each table
+(``windows``, ``late``, ``progress``, ``integrity``, ``corrections``) the data files and
+directories that make it up, relative to the output root. Files are shared between
+versions (an incremental run's version is the previous one plus the new batches' files),
+never rewritten, so every earlier version stays readable. Manifests are written atomically
+and numbered with an exclusive create, so two checkpoints writing to one output cannot take
+the same number.
 
 A manifest and the publication pointer carry the sha256 of their payload, checked on read
 (``read_manifest``, ``read_current``): a truncated or edited one is ``output.corrupt`` naming
 the file, never a raw parse error and never silently trusted. Manifests written before they
-carried it (format version 1) are read as they are.
+carried it (format version 1) are read as they are. Readers get a typed ``Manifest``, never the
+JSON object.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +37,12 @@ import pyarrow.parquet as pq
 
 from replay.core.errors import ConfigError, DataError, Location
 from replay.store.durable import FORMAT_VERSION, fsync_dir, payload_digest, signed, write_json_atomic
+from replay.store.manifest import MANIFEST_FORMAT_VERSION, TABLES, Manifest
 
 __all__ = [
     "MANIFEST_FORMAT_VERSION",
     "TABLES",
+    "Manifest",
     "Publication",
     "current_version",
     "decode_schema",
@@ -58,10 +61,6 @@ __all__ = [
     "write_parquet",
     "write_validation",
 ]
-
-TABLES = ("windows", "late", "progress", "integrity", "corrections")
-#: Manifests and the publication pointer: version 2 added the payload's sha256 (required from 2 on).
-MANIFEST_FORMAT_VERSION = 2
 
 
 def _corrupt(path: Path, what: str, todo: str) -> DataError:
@@ -144,7 +143,7 @@ def latest_version(output: str | Path) -> int | None:
 def latest_run_version(output: str | Path) -> int | None:
     """The newest version a run wrote (not a publication), or ``None``: what to validate and publish next."""
     root = Path(output)
-    runs = [v for v in list_versions(root) if read_manifest(root, v).get("kind", "run") == "run"]
+    runs = [v for v in list_versions(root) if read_manifest(root, v).kind == "run"]
     return runs[-1] if runs else None
 
 
@@ -207,29 +206,37 @@ def resolve_version(output: str | Path, version: int | None) -> int:
     return version
 
 
-def read_manifest(output: str | Path, version: int) -> dict[str, Any]:
+def read_manifest(output: str | Path, version: int) -> Manifest:
     """A version's manifest (the one function that reads one).
 
     Raises:
         OSError: no such version file.
         DataError: ``output.corrupt``: the file is not a whole JSON manifest, does not match its
-            sha256 (edited), or was written in a format this Replay does not read (newer).
+            sha256 (edited), was written in a format this Replay does not read (newer), or does
+            not hold the fields of a manifest.
     """
     path = _versions_dir(Path(output)) / f"{version:06d}.json"
-    return _read_checked(
-        path,
-        "restore the file from a backup, or delete the version's manifest and run again to write a new one",
-    )
+    todo = "restore the file from a backup, or delete the version's manifest and run again to write a new one"
+    document = _read_checked(path, todo)
+    try:
+        return Manifest.from_json(document)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _corrupt(path, f"does not hold a manifest ({type(exc).__name__}: {exc})", todo) from None
 
 
-def write_manifest(output: str | Path, manifest: Mapping[str, Any]) -> int:
-    """Write a new version's manifest with the next free number; return the number."""
+def write_manifest(output: str | Path, manifest: Manifest) -> Manifest:
+    """Write ``manifest`` as a new version with the next free number; return it as written.
+
+    The version written is ``manifest`` with its number, the time of writing (``created``) and
+    the newest ``format_version``, and the sha256 of its payload on disk.
+    """
     directory = _versions_dir(Path(output))
     directory.mkdir(parents=True, exist_ok=True)
     while True:
         version = (latest_version(output) or 0) + 1
         created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        document = signed({**manifest, "version": version, "created": created}, MANIFEST_FORMAT_VERSION)
+        written = replace(manifest, version=version, created=created, format_version=MANIFEST_FORMAT_VERSION)
+        document = signed(written.to_json(), MANIFEST_FORMAT_VERSION)
         tmp = directory / f".{version:06d}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as handle:
             json.dump(document, handle, indent=1, sort_keys=True)
@@ -242,7 +249,7 @@ def write_manifest(output: str | Path, manifest: Mapping[str, Any]) -> int:
         finally:
             tmp.unlink(missing_ok=True)
         fsync_dir(directory)
-        return version
+        return written
 
 
 def _validation_path(output: Path, version: int) -> Path:
@@ -302,9 +309,9 @@ def _parquet_files(output: Path, entries: Sequence[str]) -> list[str]:
     return files
 
 
-def table_files(output: str | Path, manifest: Mapping[str, Any], table: str) -> list[str]:
+def table_files(output: str | Path, manifest: Manifest, table: str) -> list[str]:
     """The Parquet files of ``table`` in a version's ``manifest``."""
-    return _parquet_files(Path(output), manifest["tables"].get(table, []))
+    return _parquet_files(Path(output), manifest.entries(table))
 
 
 def read_table(output: str | Path, table: str, version: int | None = None) -> pa.Table:
@@ -324,10 +331,10 @@ def read_table(output: str | Path, table: str, version: int | None = None) -> pa
         )
     root = Path(output)
     manifest = read_manifest(root, resolve_version(root, version))
-    files = _parquet_files(root, manifest["tables"].get(table, []))
+    files = _parquet_files(root, manifest.entries(table))
     schema = pa.schema([])
-    if manifest.get("schemas", {}).get(table):
-        schema = decode_schema(manifest["schemas"][table])
+    if manifest.schemas.get(table):
+        schema = decode_schema(manifest.schemas[table])
     if not files:
         return schema.empty_table()
     schemas = [pq.read_schema(f) for f in files]

@@ -21,7 +21,7 @@ import os
 import secrets
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from replay.core.config import JobConfig
 from replay.core.errors import Location, PublicationError
 from replay.store.durable import fsync_dir
 from replay.store.outputs import (
+    Manifest,
     Publication,
     current_version,
     encode_schema,
@@ -167,25 +168,22 @@ def _retain(output: Path, keep: int, current: int) -> tuple[int, ...]:
     versions = list_versions(output)
     protected = {current}
     manifest = read_manifest(output, current)
-    protected |= {v for v in (manifest.get("source"), manifest.get("previous")) if isinstance(v, int)}
+    protected |= {v for v in (manifest.source, manifest.previous) if v is not None}
     doomed = [v for v in versions[: max(0, len(versions) - keep)] if v not in protected]
     if not doomed:
         return ()
     used: set[str] = set()
     for v in versions:
         if v not in doomed:
-            for entries in read_manifest(output, v)["tables"].values():
-                used.update(entries)
+            used |= read_manifest(output, v).all_entries()
     removed = []
     for v in doomed:
-        for entries in read_manifest(output, v)["tables"].values():
-            for entry in entries:
-                if entry not in used:
-                    path = output / entry
-                    if path.is_dir():
-                        shutil.rmtree(path, ignore_errors=True)
-                    else:
-                        path.unlink(missing_ok=True)
+        for entry in sorted(read_manifest(output, v).all_entries() - used):
+            path = output / entry
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
         (output / "versions" / f"{v:06d}.json").unlink(missing_ok=True)
         (output / "versions" / f"{v:06d}.validation.json").unlink(missing_ok=True)
         removed.append(v)
@@ -207,12 +205,12 @@ def publish(output: str | Path, version: int | None = None, *, retain_versions: 
     root = Path(output)
     v = resolve_version(root, version if version is not None else latest_run_version(root))
     manifest = read_manifest(root, v)
-    if manifest.get("kind", "run") != "run":
+    if manifest.kind != "run":
         raise _refuse(
-            f"version {v} is a publication (of version {manifest.get('source')}), not a run's output",
+            f"version {v} is a publication (of version {manifest.source}), not a run's output",
             root,
             v,
-            f"publish the run's version instead: replay publish {root} --version {manifest.get('source')}",
+            f"publish the run's version instead: replay publish {root} --version {manifest.source}",
             "publish.not_a_run",
         )
     record = read_validation(root, v)
@@ -239,15 +237,15 @@ def publish(output: str | Path, version: int | None = None, *, retain_versions: 
             "stays as it is",
             "publish.failed_validation",
         )
-    config = JobConfig.model_validate(manifest["config"])
+    config = JobConfig.model_validate(manifest.config)
     keep = retain_versions if retain_versions is not None else config.publication.retain_versions
     previous = current_version(root)
-    if previous is not None and read_manifest(root, previous).get("source") == v:
+    if previous is not None and (served := read_manifest(root, previous)).source == v:
         return PublishOutcome(
             output=str(root),
             source=v,
             publication=previous,
-            previous=read_manifest(root, previous).get("previous"),
+            previous=served.previous,
             changed=False,
             corrections={},
             removed_versions=(),
@@ -255,7 +253,7 @@ def publish(output: str | Path, version: int | None = None, *, retain_versions: 
     publication = None
     for candidate in reversed(list_versions(root)):  # a publication written before a crash, never flipped
         m = read_manifest(root, candidate)
-        if m.get("kind") == "publication" and m.get("source") == v and m.get("previous") == previous:
+        if m.kind == "publication" and m.source == v and m.previous == previous:
             publication = candidate
             break
     if publication is None:
@@ -277,12 +275,13 @@ def publish(output: str | Path, version: int | None = None, *, retain_versions: 
     )
 
 
-def _write_publication(root: Path, v: int, manifest: dict[str, Any], config: JobConfig, previous: int | None) -> int:
+def _write_publication(root: Path, v: int, manifest: Manifest, config: JobConfig, previous: int | None) -> int:
+    """Write the publication of run version ``v`` (``manifest``) after ``previous``; return its number."""
     import pyarrow.compute as pc
 
     token = secrets.token_hex(4)
-    tables = dict(manifest["tables"])
-    start, end = manifest.get("range") or (None, None)
+    tables = dict(manifest.tables)
+    start, end = manifest.range or (None, None)
     after = read_table(root, "windows", v)
     before = read_table(root, "windows", previous) if previous is not None else None
     merged = (start is not None or end is not None) and previous is not None
@@ -294,7 +293,7 @@ def _write_publication(root: Path, v: int, manifest: dict[str, Any], config: Job
         )
         windows_rel = f"data/windows/publication-v{v:06d}-{token}.parquet"
         write_parquet(after, root / windows_rel)
-        tables["windows"] = [windows_rel]
+        tables["windows"] = (windows_rel,)
         late_before = read_table(root, "late", previous)
         late_after = read_table(root, "late", v)
         if late_before.num_rows:
@@ -304,18 +303,19 @@ def _write_publication(root: Path, v: int, manifest: dict[str, Any], config: Job
             )
         late_rel = f"data/late/publication-v{v:06d}-{token}.parquet"
         write_parquet(late_after, root / late_rel)
-        tables["late"] = [late_rel]
+        tables["late"] = (late_rel,)
     fixes = corrections(before, after)
     corrections_rel = f"data/corrections/publication-v{v:06d}-{token}.parquet"
     write_parquet(fixes, root / corrections_rel)
-    tables["corrections"] = [corrections_rel]
-    document = {k: val for k, val in manifest.items() if k not in ("format_version", "version", "created")}
-    document |= {
-        "kind": "publication",
-        "source": v,
-        "previous": previous,
-        "merged_range": [start, end] if merged else None,
-        "tables": tables,
-        "schemas": dict(manifest.get("schemas", {})) | {"corrections": encode_schema(fixes.schema)},
-    }
-    return write_manifest(root, document)
+    tables["corrections"] = (corrections_rel,)
+    # The source's fields, as a publication (write_manifest gives it its number and time).
+    publication = replace(
+        manifest,
+        kind="publication",
+        source=v,
+        previous=previous,
+        merged_range=(start, end) if merged else None,
+        tables=tables,
+        schemas=dict(manifest.schemas) | {"corrections": encode_schema(fixes.schema)},
+    )
+    return write_manifest(root, publication).version

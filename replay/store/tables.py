@@ -18,8 +18,8 @@ from replay.core.timeutil import NEG_INF, format_ts
 from replay.core.vocabulary import IntegrityKind
 from replay.store import state as _state
 from replay.store.checkpoint import CheckpointStore
-from replay.store.outputs import encode_schema, list_versions, read_manifest, write_manifest, write_parquet
-from replay.store.records import Commit, LogPointer
+from replay.store.outputs import Manifest, encode_schema, list_versions, read_manifest, write_manifest, write_parquet
+from replay.store.records import Commit
 
 __all__ = [
     "INTEGRITY_SCHEMA",
@@ -224,15 +224,15 @@ def write_run_version(
     report of the commit's engine snapshot.
     """
     existing = None
-    base: Mapping[str, Any] | None = None  # the checkpoint's newest earlier run version
+    base: Manifest | None = None  # the checkpoint's newest earlier run version
     for v in reversed(list_versions(output)):
         manifest = read_manifest(output, v)
-        if manifest.get("kind", "run") != "run" or manifest.get("checkpoint_id") != cid:
+        if manifest.kind != "run" or manifest.checkpoint_id != cid:
             continue  # a publication names its source's checkpoint and batch too
-        if manifest.get("batch") == commit.batch:
+        if manifest.batch == commit.batch:
             existing = v
             break
-        if manifest.get("batch", 0) < commit.batch and "log" in manifest:
+        if (manifest.batch or 0) < commit.batch and manifest.log is not None:
             base = manifest
             break
     if existing is not None or not commit.finish:
@@ -241,12 +241,12 @@ def write_run_version(
     # there is no base (or it does not point into this log: a checkpoint repaired since).
     before: dict[str, list[Any]] = {"windows": [], "late": [], "progress": [], "ledger_batches": []}
     entries = None
-    if base is not None:
+    if base is not None and base.log is not None and base.ledger_batches is not None:
         try:
-            entries = store.read_log(commit.log, since=LogPointer.from_json(base["log"]))
-            before = {t: list(base["tables"][t]) for t in ("windows", "late", "progress")}
-            before["ledger_batches"] = list(base["ledger_batches"])
-        except (CheckpointCorruptError, KeyError, TypeError, ValueError):
+            entries = store.read_log(commit.log, since=base.log)
+            before = {t: list(base.tables[t]) for t in ("windows", "late", "progress")}
+            before["ledger_batches"] = list(base.ledger_batches)
+        except (CheckpointCorruptError, KeyError):
             entries = None
     if entries is None:
         entries = store.read_log(commit.log)
@@ -256,27 +256,27 @@ def write_run_version(
     integrity_rel = f"data/integrity/{cid}-b{commit.batch:08d}-{commit.token}.parquet"
     write_parquet(integrity, output / integrity_rel)
     tables = {t: before[t] + [p for e in entries if (p := e.outputs.get(t))] for t in ("windows", "late", "progress")}
-    version = write_manifest(
+    written = write_manifest(
         output,
-        {
-            "checkpoint": str(store.root),
-            "checkpoint_id": cid,
-            "batch": commit.batch,
-            "run": commit.run,
-            "range": list(commit.range),
-            "lateness": commit.lateness,
-            "tables": {**tables, "integrity": [integrity_rel]},
-            "schemas": dict(commit.schemas) | {"integrity": encode_schema(INTEGRITY_SCHEMA)},
-            "watermarks": progress["keys"],
-            "counts": dict(commit.ledger),
+        Manifest(
+            checkpoint=str(store.root),
+            checkpoint_id=cid,
+            batch=commit.batch,
+            run=commit.run,
+            range=commit.range,
+            lateness=commit.lateness,
+            tables={t: tuple(paths) for t, paths in tables.items()} | {"integrity": (integrity_rel,)},
+            schemas=dict(commit.schemas) | {"integrity": encode_schema(INTEGRITY_SCHEMA)},
+            watermarks=progress["keys"],
+            counts=dict(commit.ledger),
             # What validation needs without the checkpoint (whose commits are pruned):
-            "kind": "run",
-            "config": config.model_dump(mode="json"),
-            "files": sorted(consumed),
-            "origins": progress["origins"],
-            "ledger_batches": before["ledger_batches"] + [{"batch": e.batch, **e.ledger} for e in entries],
+            kind="run",
+            config=config.model_dump(mode="json"),
+            files=tuple(sorted(consumed)),
+            origins=progress["origins"],
+            ledger_batches=(*before["ledger_batches"], *({"batch": e.batch, **e.ledger} for e in entries)),
             # How far the batch log reached: the next version reads only the batches after it.
-            "log": commit.log.to_json(),
-        },
+            log=commit.log,
+        ),
     )
-    return None, version
+    return None, written.version

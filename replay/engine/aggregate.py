@@ -384,22 +384,13 @@ def run_pass(
             .otherwise(F.concat(F.lit(f"windows:{s}:"), due.cast("string")))
             .alias("_part"),
             F.col("_owned"),
+            # The sink counts windows by the first batch with a tuple in them (0: carried in), so
+            # that each batch's open windows are known without another pass over them.
+            F.col("_fb").alias("_first"),
             *[F.col(c).alias(f"s{s}_{c}") for c in state_names],
             *[e.alias(f"w_{name}") for name, e in zip(final_names, final_columns(spec, cols, columns), strict=True)],
         )
         branches.append(branch)
-        # How many windows each batch leaves open: those with a tuple from it or before (``_fb``,
-        # 0 for windows carried in) and not due by it.
-        branches.append(
-            merged.groupBy(F.col("_fb").alias(f"o{s}_first"), due.alias(f"o{s}_due"))
-            .agg(F.count(F.lit(1)).alias(f"o{s}_windows"))
-            .select(F.lit(f"opened:{s}").alias("_part"), "*")
-        )
-        parts[f"opened:{s}"] = Part(
-            str(counts_dir / f"opened-{s}"),
-            tuple((f"o{s}_{c}", c) for c in ("first", "due", "windows")),
-            _arrow_schema_of("first long, due long, windows long"),
-        )
         for step in steps:
             parts[f"windows:{s}:{step.batch}"] = Part(
                 step.windows_dir, tuple((f"w_{n}", n) for n in final_names), _arrow_schema(windows_struct)
@@ -496,10 +487,7 @@ def run_pass(
     union = branches[0]
     for frame in branches[1:]:
         union = union.unionByName(frame, allowMissingColumns=True)
-    written = [
-        Written(r["part"], r["file"], int(r["rows"]), int(r["owned"]))
-        for r in union.mapInArrow(sink(parts), RESULT_SCHEMA).collect()
-    ]
+    written = [Written.from_row(r.asDict()) for r in union.mapInArrow(sink(parts), RESULT_SCHEMA).collect()]
     keep_only([p.directory for p in parts.values()], written)
     try:
         return _results(work, specs, nkeys, written)
@@ -515,16 +503,24 @@ def _results(
 
     totals: dict[str, tuple[int, int]] = {}
     files: dict[str, list[str]] = {}
+    # Per window aggregation: (first batch with a tuple in the window, the batch it was due at, or
+    # None: still open) -> windows.
+    spans: dict[int, dict[tuple[int, int | None], int]] = {s: {} for s in range(len(specs))}
     for w in written:
         rows, owned = totals.get(w.part, (0, 0))
         totals[w.part] = (rows + w.rows, owned + w.owned)
         files.setdefault(w.part, []).append(w.file)
+        kind, _, rest = w.part.partition(":")
+        if kind in ("windows", "open"):
+            number, _, due = rest.partition(":")
+            span = spans[int(number)]
+            for first, n in w.firsts.items():
+                key = (first, int(due) if due else None)
+                span[key] = span.get(key, 0) + n
 
-    def table(part: str) -> list[dict[str, Any]]:
-        return [row for f in sorted(files.get(part, [])) for row in pq.read_table(f).to_pylist()]
-
-    counts_by_batch = {int(row["batch"]): row for row in table("counts")}
-    opened = {s: table(f"opened:{s}") for s in range(len(specs))}
+    counts_by_batch = {
+        int(row["batch"]): row for f in sorted(files.get("counts", [])) for row in pq.read_table(f).to_pylist()
+    }
     last = work.steps[-1].batch
     results: dict[int, WorkResult] = {}
     for step in work.steps:
@@ -546,9 +542,7 @@ def _results(
         spec_counts: dict[str, SpecCounts] = {}
         for s, spec in enumerate(specs):
             emitted, emitted_owned = totals.get(f"windows:{s}:{b}", (0, 0))
-            still_open = sum(
-                int(o["windows"]) for o in opened[s] if int(o["first"]) <= b and (o["due"] is None or int(o["due"]) > b)
-            )
+            still_open = sum(n for (first, due), n in spans[s].items() if first <= b and (due is None or due > b))
             open_rows, open_owned = totals.get(f"open:{s}", (0, 0))
             spec_counts[spec.name] = SpecCounts(
                 windowed=int(row[f"win{s}"]) if row is not None else 0,

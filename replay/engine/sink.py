@@ -6,7 +6,8 @@ directory per aggregation) and the late tuples (the ``late`` table). ``replay.en
 unions them into one frame whose ``_part`` column names the destination, and runs
 ``sink(...)`` over it with ``mapInArrow``: each task writes its rows of each part to one
 Parquet file of that part's directory (pyarrow, fsynced), and returns one small row per file
-(part, file, rows, owned tuples). Collecting those rows is the batch's only Spark action.
+(part, file, rows, owned tuples, and how many of its rows hold each value of ``_first`` when the
+frame has that column). Collecting those rows is the pass's only Spark action.
 
 Task attempts write files of their own (the attempt number and a random token are in the
 name); only the files the successful attempts return are kept (``keep_only``), so a retried
@@ -16,16 +17,17 @@ and needs only pyarrow on the executors.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 
 __all__ = ["RESULT_SCHEMA", "Part", "Written", "keep_only", "sink"]
 
-RESULT_SCHEMA = "part string, file string, rows long, owned long"
+RESULT_SCHEMA = "part string, file string, rows long, owned long, firsts string"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +42,25 @@ class Part:
 
 @dataclass(frozen=True, slots=True)
 class Written:
+    """One file a task wrote: its part, path, rows, the tuples its rows own (``_owned``) and, per
+    value of ``_first``, how many of its rows hold it."""
+
     part: str
     file: str
     rows: int
     owned: int
+    firsts: Mapping[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, object]) -> Written:
+        firsts = json.loads(str(row["firsts"])) if row["firsts"] else {}
+        return cls(
+            str(row["part"]),
+            str(row["file"]),
+            int(str(row["rows"])),
+            int(str(row["owned"])),
+            {int(k): int(v) for k, v in firsts.items()},
+        )
 
 
 def sink(parts: Mapping[str, Part]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -51,6 +68,7 @@ def sink(parts: Mapping[str, Part]) -> Callable[[Iterator[pa.RecordBatch]], Iter
     plan = {name: (p.directory, p.columns, p.schema) for name, p in parts.items()}
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import json
         import uuid
 
         import pyarrow as pa
@@ -65,6 +83,7 @@ def sink(parts: Mapping[str, Part]) -> Callable[[Iterator[pa.RecordBatch]], Iter
         writers: dict[str, tuple[pq.ParquetWriter, str]] = {}
         rows: dict[str, int] = {}
         owned: dict[str, int] = {}
+        firsts: dict[str, dict[int, int]] = {}
         for batch in batches:
             if batch.num_rows == 0:
                 continue
@@ -86,7 +105,11 @@ def sink(parts: Mapping[str, Part]) -> Callable[[Iterator[pa.RecordBatch]], Iter
                 rows[name] = rows.get(name, 0) + chunk.num_rows
                 if "_owned" in chunk.schema.names:
                     owned[name] = owned.get(name, 0) + int(pc.sum(chunk.column("_owned")).as_py() or 0)
-        out: list[tuple[str, str, int, int]] = []
+                if "_first" in chunk.schema.names:
+                    counted = firsts.setdefault(name, {})
+                    for item in pc.value_counts(chunk.column("_first").drop_null()).to_pylist():
+                        counted[item["values"]] = counted.get(item["values"], 0) + item["counts"]
+        out: list[tuple[str, str, int, int, str | None]] = []
         for name, (writer, path) in writers.items():
             writer.close()
             descriptor = os.open(path, os.O_RDONLY)
@@ -94,15 +117,17 @@ def sink(parts: Mapping[str, Part]) -> Callable[[Iterator[pa.RecordBatch]], Iter
                 os.fsync(descriptor)
             finally:
                 os.close(descriptor)
-            out.append((name, path, rows[name], owned.get(name, 0)))
+            first = json.dumps(firsts[name]) if name in firsts else None
+            out.append((name, path, rows[name], owned.get(name, 0), first))
         yield pa.RecordBatch.from_arrays(
             [
                 pa.array([o[0] for o in out], pa.string()),
                 pa.array([o[1] for o in out], pa.string()),
                 pa.array([o[2] for o in out], pa.int64()),
                 pa.array([o[3] for o in out], pa.int64()),
+                pa.array([o[4] for o in out], pa.string()),
             ],
-            names=["part", "file", "rows", "owned"],
+            names=["part", "file", "rows", "owned", "firsts"],
         )
 
     return write

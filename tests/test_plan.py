@@ -1,4 +1,5 @@
-"""The batch plan (replay.runner.plan): cuts by buffer and tuple bounds, a redone first batch, range relevance."""
+"""The batch plan (replay.runner.plan): cuts by buffer and tuple bounds, a redone first batch, passes of
+consecutive batches, range relevance."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 
 from replay.core.buffer import Buffer
 from replay.core.config import parse_config
-from replay.runner.plan import plan_batches, relevant
+from replay.runner.plan import plan_batches, plan_passes, relevant
 
 
 def _buf(seq: int, tuples: int, lo: int | None = None, hi: int | None = None) -> Buffer:
@@ -47,6 +48,30 @@ def test_cuts(sizes: list[int], micro_batch: dict[str, int], first: int | None, 
     plan = plan_batches(buffers, config, first)
     assert [len(b) for b in plan] == cuts
     assert [b for batch in plan for b in batch] == buffers  # order kept, nothing lost or repeated
+
+
+@pytest.mark.parametrize(
+    ("batch_tuples", "micro_batch", "passes"),
+    [
+        ([5, 5, 5, 5, 5], {"max_batches_per_pass": 2}, [[0, 1], [2, 3], [4]]),
+        ([5, 5, 5, 5, 5], {"max_batches_per_pass": 32, "max_tuples_per_pass": 10}, [[0, 1], [2, 3], [4]]),
+        ([5, 5, 5, 5, 5], {"max_tuples_per_pass": 9}, [[0], [1], [2], [3], [4]]),
+        ([20, 1, 1, 30, 1], {"max_tuples_per_pass": 10}, [[0], [1, 2], [3], [4]]),  # a large batch is a pass alone
+        ([5] * 70, {}, [list(range(0, 32)), list(range(32, 64)), list(range(64, 70))]),  # 32 batches by default
+        ([5, 5, 5], {"max_batches_per_pass": 1}, [[0], [1], [2]]),  # one Spark action per batch
+        ([0], {}, [[0]]),
+    ],
+)
+def test_passes(batch_tuples: list[int], micro_batch: dict[str, int], passes: list[list[int]]) -> None:
+    config = parse_config({"archive": "a", "micro_batch": micro_batch})
+    batches = [[_buf(i + 1, n)] for i, n in enumerate(batch_tuples)]
+    assert [list(p) for p in plan_passes(batches, config)] == passes
+
+
+def test_pass_bounds_are_not_part_of_the_fingerprint() -> None:
+    """Passes change how fast a run goes, never its results: a checkpoint resumes under other bounds."""
+    one = parse_config({"archive": "a", "micro_batch": {"max_batches_per_pass": 1, "max_tuples_per_pass": 5}})
+    assert one.fingerprint() == parse_config({"archive": "a"}).fingerprint()
 
 
 @pytest.mark.parametrize(

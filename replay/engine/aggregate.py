@@ -6,13 +6,10 @@ copies each batch reads and the lateness threshold of each one's tuples per key.
 module turns that into one Spark action over the archive's rows, without a tuple
 reaching the driver:
 
-- the pass's rows: when it needs less than half of the rows of the files it
-  touches, Spark tasks read exactly its copies' row ranges with their decisions
-  attached (``replay.engine.slices``); otherwise Spark's Parquet reader reads the files
-  and the copies join the rows by identity (a buffer with discarded copies also by
-  file, and by row range when a copy shares its file). Either way a discarded
-  duplicate copy is never read as data. Every row carries the batch that decided it
-  (``d_batch``; 0 for a carried copy, whose tuples only rebuild open windows);
+- the pass's rows, with their copies' decisions (``replay.engine.rows``): every row
+  carries the batch that decided it (``d_batch``; 0 for a carried copy, whose tuples
+  only rebuild open windows); what the pass is asked and reports back are the values of
+  ``replay.engine.passes``;
 - per key, a tuple is late (``event_time < threshold``), on time, or has no event
   time for the key (or, in a backfill, one outside the range);
 - late tuples are written to the ``late`` table, in the directory of the batch that
@@ -32,21 +29,19 @@ aggregation the number of windows emitted and left open and the tuples they own.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replay.core.config import JobConfig, WindowSpec
-from replay.core.progress import Decision
 from replay.engine.archive import ArchiveLayout
-from replay.engine.buffers import Buffer, time_micros, time_value
+from replay.engine.buffers import time_value
+from replay.engine.passes import Counts, PassWork, SpecCounts, Step, WorkResult
+from replay.engine.rows import pass_rows, q
 from replay.engine.schemas import table_structs
 from replay.engine.sink import RESULT_SCHEMA, Part, Written, keep_only, sink
-from replay.engine.slices import Slice, file_rows, read_slices
 from replay.engine.windows import (
     WindowColumns,
     aggregated_types,
@@ -62,216 +57,9 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = [
-    "Counts",
-    "PassWork",
-    "Read",
-    "SpecCounts",
-    "Step",
-    "WorkResult",
-    "buffer_copy_id",
-    "copy_id",
-    "run_pass",
-]
+__all__ = ["read_open", "run_pass"]
 
-_MASK63 = (1 << 63) - 1
 _KEEP_EMPTY_STAGES = "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation"
-
-
-def copy_id(origin: int, sequence: int, chunk: int, file: str, row_start: int) -> int:
-    """A 63-bit hash naming one copy of a buffer (the ledger XORs these)."""
-    digest = hashlib.blake2b(f"{origin}/{sequence}/{chunk}/{file}/{row_start}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") & _MASK63
-
-
-def buffer_copy_id(buf: Buffer) -> int:
-    return copy_id(buf.origin, buf.sequence, buf.chunk, buf.file, buf.row_start)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Step:
-    """One micro-batch of a pass: its number, ``E_k`` per key (layout order) after it (a window
-    ending by it is emitted at this batch, unless an earlier one of the pass reached it), and
-    where its ``windows`` and ``late`` rows go."""
-
-    batch: int
-    effective: tuple[int, ...]
-    windows_dir: str
-    late_dir: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Read:
-    """A copy whose tuples the pass reads, with its decision and the batch that decided it.
-    ``batch`` 0: a carried copy (decided and accounted for by a committed batch; its tuples
-    only rebuild the open windows, see ``PassWork.floor``)."""
-
-    buf: Buffer
-    decision: Decision
-    batch: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PassWork:
-    """What one pass (one Spark action over one or more consecutive micro-batches) must do.
-
-    ``reads``: the copies whose tuples the pass's batches decided, and the carried ones.
-    ``steps``: the pass's batches, in order. ``floor``: ``E_k`` per key at the commit the pass
-    continues from: a window ending by it was emitted by a committed batch, so the carried
-    copies' tuples never rebuild it. ``open_state``: per window name, the directory of the open
-    windows carried in, or ``None``. ``state_dirs``: per window name, where the pass writes the
-    open windows it carries out; ``counts_dir``: where a pass of several batches writes their
-    counts (read back and removed by ``run_pass``). ``range``: a backfill's ``[start, end)`` in microseconds.
-    ``checked``: identities with other (discarded) copies in the archive, with those copies'
-    files. Rows are matched to a copy by identity alone, by identity and file when the other
-    copies are in other files, and by file and row range when one shares the copy's file.
-    """
-
-    reads: Sequence[Read]
-    steps: Sequence[Step]
-    floor: tuple[int, ...]
-    open_state: Mapping[str, str | None]
-    state_dirs: Mapping[str, str]
-    counts_dir: str
-    range: tuple[int | None, int | None] = (None, None)
-    checked: Mapping[tuple[int, int, int], frozenset[str]] = field(default_factory=dict)
-
-    def check_level(self, buf: Buffer) -> int:
-        """0: rows match ``buf`` by identity; 1: by identity and file; 2: and by row range too."""
-        others = self.checked.get(buf.identity)
-        if not others:
-            return 0
-        return 2 if buf.file in others else 1
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Counts:
-    """What Spark saw of the batch's copies, summed: rows, tuples, a checksum of the copy ids
-    (the sum over rows of each row's copy id, split in 32-bit halves), and per key the late,
-    on-time and outside-range tuples."""
-
-    rows: int
-    tuples: int
-    cid_lo: int
-    cid_hi: int
-    late: tuple[int, ...]
-    on_time: tuple[int, ...]
-    outside: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SpecCounts:
-    """Windows of one aggregation after the batch: emitted now, still open, and the tuples they own;
-    ``windowed``: the batch's on-time tuples that entered one of its windows."""
-
-    windowed: int = 0
-    emitted: int = 0
-    emitted_owned: int = 0
-    open: int = 0
-    open_owned: int | None = 0  # None: not measured (a batch inside a pass; the ledger derives it)
-    open_dir: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkResult:
-    counts: Counts | None = None
-    specs: dict[str, SpecCounts] = field(default_factory=dict)
-    windows_written: bool = False
-    late_written: bool = False
-    late_rows: int = 0
-
-
-def _decision_frame(
-    spark: SparkSession, reads: Sequence[Read], work: PassWork, spark_paths: Mapping[str, str], nkeys: int
-) -> DataFrame:
-    """One row per copy read, built as an Arrow table (no per-row Python type checks)."""
-    import pyarrow as pa
-
-    columns: dict[str, pa.Array] = {
-        "d_file": pa.array([spark_paths.get(r.buf.file, r.buf.file) for r in reads], pa.string()),
-        "d_origin": pa.array([r.buf.origin for r in reads], pa.int64()),
-        "d_sequence": pa.array([r.buf.sequence for r in reads], pa.int64()),
-        "d_chunk": pa.array([r.buf.chunk for r in reads], pa.int64()),
-        "d_lo": pa.array([r.buf.row_start for r in reads], pa.int64()),
-        "d_hi": pa.array([r.buf.row_start + r.buf.rows - 1 for r in reads], pa.int64()),
-        "d_cid": pa.array([buffer_copy_id(r.buf) for r in reads], pa.int64()),
-        "d_check": pa.array([work.check_level(r.buf) for r in reads], pa.int32()),
-        "d_batch": pa.array([r.batch for r in reads], pa.int64()),
-    }
-    for i in range(nkeys):
-        columns[f"d_thr{i}"] = pa.array([r.decision.thresholds[i] for r in reads], pa.int64())
-        columns[f"d_reason{i}"] = pa.array([r.decision.reasons[i] for r in reads], pa.string())
-    return spark.createDataFrame(pa.table(columns))
-
-
-def _few_rows(reads: Sequence[Read]) -> bool:
-    """Whether the pass needs less than half of the rows of the (local) files it reads."""
-    needed = sum(r.buf.rows for r in reads)
-    total = 0
-    for file in {r.buf.file for r in reads}:
-        rows = file_rows(file)
-        if rows is None:
-            return False
-        total += rows
-    return needed * 2 < total
-
-
-def _sliced(spark: SparkSession, reads: Sequence[Read], schema: StructType, nkeys: int) -> DataFrame:
-    """The rows of ``reads`` read by their row ranges (``replay.engine.slices``), decision columns attached."""
-    from pyspark.sql.types import LongType, StringType, StructField, StructType
-
-    fields = [StructField("d_cid", LongType()), StructField("d_batch", LongType())]
-    for i in range(nkeys):
-        fields += [StructField(f"d_thr{i}", LongType()), StructField(f"d_reason{i}", StringType())]
-    slices: list[Slice] = []
-    for r in reads:
-        values: list[Any] = [buffer_copy_id(r.buf), r.batch]
-        for i in range(nkeys):
-            values += [r.decision.thresholds[i], r.decision.reasons[i]]
-        slices.append((r.buf.file, r.buf.row_start, r.buf.rows, tuple(values)))
-    return read_slices(spark, slices, schema, StructType(fields))
-
-
-def _joined(
-    spark: SparkSession,
-    reads: Sequence[Read],
-    work: PassWork,
-    layout: ArchiveLayout,
-    schema: StructType,
-    spark_paths: Mapping[str, str],
-    nkeys: int,
-) -> DataFrame:
-    """The rows of ``reads`` read by Spark's Parquet reader and joined to the pass's decisions."""
-    from pyspark.sql import functions as F
-
-    files = sorted({spark_paths.get(r.buf.file, r.buf.file) for r in reads})
-    raw = spark.read.schema(schema).parquet(*files)
-    decisions = _decision_frame(spark, reads, work, spark_paths, nkeys)
-    on_identity = (
-        (_q(layout.origin_id).cast("long") == F.col("d_origin"))
-        & (_q(layout.sequence_number).cast("long") == F.col("d_sequence"))
-        & (_q(layout.chunk_number).cast("long") == F.col("d_chunk"))
-    )
-    # A buffer with discarded copies elsewhere is matched by file too; when a copy shares its
-    # file, by row range as well. Row positions are read only then.
-    level = max((work.check_level(r.buf) for r in reads), default=0)
-    located: list[Column] = []
-    if level >= 1:
-        located.append(F.col("_metadata.file_path").alias("_file"))
-        same_copy = F.col("_file") == F.col("d_file")
-    if level == 2:
-        located.append(F.col("_metadata.row_index").alias("_row"))
-        same_copy = same_copy & ((F.col("d_check") == 1) | F.col("_row").between(F.col("d_lo"), F.col("d_hi")))
-    joined = raw.select("*", *located).join(F.broadcast(decisions), on_identity)
-    if located:
-        joined = joined.where((F.col("d_check") == 0) | same_copy)
-    return joined
-
-
-def _q(name: str) -> Column:
-    from pyspark.sql import functions as F
-
-    return F.col(f"`{name}`")
 
 
 def _due_batch(end: Column, steps: Sequence[Step], i: int) -> Column:
@@ -328,36 +116,9 @@ def run_pass(
     steps = list(work.steps)
     carried = any(r.batch == 0 for r in work.reads)
 
-    def build(reads: Sequence[Read]) -> DataFrame:
-        """The rows of ``reads`` with their decision, event times in microseconds and per-key flags."""
-        joined = _sliced(spark, reads, schema, nkeys) if _few_rows(reads) else None
-        if joined is None:
-            joined = _joined(spark, reads, work, layout, schema, spark_paths, nkeys)
-        raw = joined
-        punctuation = _q(layout.key).isNull()
-        events = []
-        for i, key in enumerate(layout.keys):
-            events.append(time_micros(raw, key.event_time, layout.time_columns[key.event_time]).alias(f"_ev{i}"))
-        joined = joined.select("*", *events)
-        flags: list[Column] = []
-        for i in range(nkeys):
-            ev = F.col(f"_ev{i}")
-            punctuation = punctuation & ev.isNull()
-            inside = ev.isNotNull()
-            if range_start is not None:
-                inside = inside & (ev >= F.lit(range_start))
-            if range_end is not None:
-                inside = inside & (ev < F.lit(range_end))
-            flags += [
-                (inside & (ev < F.col(f"d_thr{i}"))).alias(f"_late{i}"),
-                (inside & (ev >= F.col(f"d_thr{i}"))).alias(f"_on{i}"),
-                (ev.isNotNull() & ~inside).alias(f"_out{i}"),
-            ]
-        return joined.select("*", (~punctuation).alias("_tuple"), *flags)
-
     branches: list[DataFrame] = []
     parts: dict[str, Part] = {}
-    rows_frame = build(work.reads) if work.reads else None
+    rows_frame = pass_rows(spark, work, layout, schema, spark_paths) if work.reads else None
     final_names = ["window", "wm_key", "key", "window_start", "window_end", *[name for name, _ in columns]]
     spec_cols = {
         s: WindowColumns(
@@ -463,11 +224,11 @@ def run_pass(
         for i, key in enumerate(layout.keys):
             values = [
                 F.lit(key.name),
-                _q(layout.origin_id).cast("long"),
-                _q(layout.sequence_number).cast("long"),
-                _q(layout.chunk_number).cast("long"),
+                q(layout.origin_id).cast("long"),
+                q(layout.sequence_number).cast("long"),
+                q(layout.chunk_number).cast("long"),
                 *[
-                    time_value(source, name, layout.time_columns[name]) if name in layout.time_columns else _q(name)
+                    time_value(source, name, layout.time_columns[name]) if name in layout.time_columns else q(name)
                     for name in layout.payload
                 ],
                 F.timestamp_micros(F.col(f"d_thr{i}")),

@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Any
 from replay.core.buffer import Buffer
 from replay.core.config import JobConfig
 from replay.core.progress import Decision, ProgressSnapshot
-from replay.engine.aggregate import PassWork, Read, Step, WorkResult, buffer_copy_id, copy_id, run_pass
+from replay.engine.aggregate import run_pass
 from replay.engine.archive import ArchiveLayout
+from replay.engine.passes import PassWork, Read, Step, WorkResult, buffer_copy_id, copy_id
 from replay.engine.schemas import table_schemas
 from replay.runner.dedup import other_copies
 from replay.runner.ledger import Ledger, account, check_ledger, ledger_row

@@ -15,7 +15,7 @@ from replay.core.buffer import Buffer
 from replay.core.config import JobConfig
 from replay.core.errors import LedgerError, Location
 from replay.core.progress import Decision
-from replay.engine.aggregate import WorkResult, buffer_copy_id
+from replay.engine.passes import WorkResult, buffer_copy_id
 
 __all__ = ["Ledger", "account", "check_ledger", "ledger_row"]
 

@@ -1,0 +1,129 @@
+"""What a pass (``replay.engine.aggregate.run_pass``) is asked to do and what it reports back, as
+values: its batches (``Step``), the copies it reads with their decisions (``Read``), the whole
+request (``PassWork``) and each batch's result (``WorkResult``: ``Counts`` and, per window
+aggregation, ``SpecCounts``). The ledger's copy ids are defined here too."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from replay.core.buffer import Buffer
+from replay.core.progress_records import Decision
+
+__all__ = [
+    "Counts",
+    "PassWork",
+    "Read",
+    "SpecCounts",
+    "Step",
+    "WorkResult",
+    "buffer_copy_id",
+    "copy_id",
+]
+
+_MASK63 = (1 << 63) - 1
+
+
+def copy_id(origin: int, sequence: int, chunk: int, file: str, row_start: int) -> int:
+    """A 63-bit hash naming one copy of a buffer (the ledger XORs these)."""
+    digest = hashlib.blake2b(f"{origin}/{sequence}/{chunk}/{file}/{row_start}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & _MASK63
+
+
+def buffer_copy_id(buf: Buffer) -> int:
+    return copy_id(buf.origin, buf.sequence, buf.chunk, buf.file, buf.row_start)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Step:
+    """One micro-batch of a pass: its number, ``E_k`` per key (layout order) after it (a window
+    ending by it is emitted at this batch, unless an earlier one of the pass reached it), and
+    where its ``windows`` and ``late`` rows go."""
+
+    batch: int
+    effective: tuple[int, ...]
+    windows_dir: str
+    late_dir: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Read:
+    """A copy whose tuples the pass reads, with its decision and the batch that decided it.
+    ``batch`` 0: a carried copy (decided and accounted for by a committed batch; its tuples
+    only rebuild the open windows, see ``PassWork.floor``)."""
+
+    buf: Buffer
+    decision: Decision
+    batch: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PassWork:
+    """What one pass (one Spark action over one or more consecutive micro-batches) must do.
+
+    ``reads``: the copies whose tuples the pass's batches decided, and the carried ones.
+    ``steps``: the pass's batches, in order. ``floor``: ``E_k`` per key at the commit the pass
+    continues from: a window ending by it was emitted by a committed batch, so the carried
+    copies' tuples never rebuild it. ``open_state``: per window name, the directory of the open
+    windows carried in, or ``None``. ``state_dirs``: per window name, where the pass writes the
+    open windows it carries out; ``counts_dir``: where a pass of several batches writes their
+    counts (read back and removed by ``run_pass``). ``range``: a backfill's ``[start, end)`` in microseconds.
+    ``checked``: identities with other (discarded) copies in the archive, with those copies'
+    files. Rows are matched to a copy by identity alone, by identity and file when the other
+    copies are in other files, and by file and row range when one shares the copy's file.
+    """
+
+    reads: Sequence[Read]
+    steps: Sequence[Step]
+    floor: tuple[int, ...]
+    open_state: Mapping[str, str | None]
+    state_dirs: Mapping[str, str]
+    counts_dir: str
+    range: tuple[int | None, int | None] = (None, None)
+    checked: Mapping[tuple[int, int, int], frozenset[str]] = field(default_factory=dict)
+
+    def check_level(self, buf: Buffer) -> int:
+        """0: rows match ``buf`` by identity; 1: by identity and file; 2: and by row range too."""
+        others = self.checked.get(buf.identity)
+        if not others:
+            return 0
+        return 2 if buf.file in others else 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Counts:
+    """What Spark saw of the batch's copies, summed: rows, tuples, a checksum of the copy ids
+    (the sum over rows of each row's copy id, split in 32-bit halves), and per key the late,
+    on-time and outside-range tuples."""
+
+    rows: int
+    tuples: int
+    cid_lo: int
+    cid_hi: int
+    late: tuple[int, ...]
+    on_time: tuple[int, ...]
+    outside: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpecCounts:
+    """Windows of one aggregation after the batch: emitted now, still open, and the tuples they own;
+    ``windowed``: the batch's on-time tuples that entered one of its windows."""
+
+    windowed: int = 0
+    emitted: int = 0
+    emitted_owned: int = 0
+    open: int = 0
+    open_owned: int | None = 0  # None: not measured (a batch inside a pass; the ledger derives it)
+    open_dir: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkResult:
+    counts: Counts | None = None
+    specs: dict[str, SpecCounts] = field(default_factory=dict)
+    windows_written: bool = False
+    late_written: bool = False
+    late_rows: int = 0

@@ -1,0 +1,156 @@
+"""A pass's rows: the archive rows of the copies it reads, each with its copy's decision (``d_*``
+columns: the batch that decided it, its thresholds and reasons per key, its copy id), its
+event times in microseconds (``_ev<k>``) and per key whether it is late, on time or outside a
+backfill range (``_late<k>``, ``_on<k>``, ``_out<k>``; ``_tuple``: not a punctuation row).
+
+When the pass needs less than half of the rows of the files it touches, Spark tasks read
+exactly its copies' row ranges with the decisions attached (``replay.engine.slices``);
+otherwise Spark's Parquet reader reads the files and the copies join the rows by identity (a
+buffer with discarded copies also by file, and by row range when a copy shares its file).
+Either way a discarded duplicate copy is never read as data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from replay.engine.archive import ArchiveLayout
+from replay.engine.buffers import time_micros
+from replay.engine.passes import PassWork, Read, buffer_copy_id
+from replay.engine.slices import Slice, file_rows, read_slices
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+__all__ = ["pass_rows", "q"]
+
+
+def _decision_frame(
+    spark: SparkSession, reads: Sequence[Read], work: PassWork, spark_paths: Mapping[str, str], nkeys: int
+) -> DataFrame:
+    """One row per copy read, built as an Arrow table (no per-row Python type checks)."""
+    import pyarrow as pa
+
+    columns: dict[str, pa.Array] = {
+        "d_file": pa.array([spark_paths.get(r.buf.file, r.buf.file) for r in reads], pa.string()),
+        "d_origin": pa.array([r.buf.origin for r in reads], pa.int64()),
+        "d_sequence": pa.array([r.buf.sequence for r in reads], pa.int64()),
+        "d_chunk": pa.array([r.buf.chunk for r in reads], pa.int64()),
+        "d_lo": pa.array([r.buf.row_start for r in reads], pa.int64()),
+        "d_hi": pa.array([r.buf.row_start + r.buf.rows - 1 for r in reads], pa.int64()),
+        "d_cid": pa.array([buffer_copy_id(r.buf) for r in reads], pa.int64()),
+        "d_check": pa.array([work.check_level(r.buf) for r in reads], pa.int32()),
+        "d_batch": pa.array([r.batch for r in reads], pa.int64()),
+    }
+    for i in range(nkeys):
+        columns[f"d_thr{i}"] = pa.array([r.decision.thresholds[i] for r in reads], pa.int64())
+        columns[f"d_reason{i}"] = pa.array([r.decision.reasons[i] for r in reads], pa.string())
+    return spark.createDataFrame(pa.table(columns))
+
+
+def _few_rows(reads: Sequence[Read]) -> bool:
+    """Whether the pass needs less than half of the rows of the (local) files it reads."""
+    needed = sum(r.buf.rows for r in reads)
+    total = 0
+    for file in {r.buf.file for r in reads}:
+        rows = file_rows(file)
+        if rows is None:
+            return False
+        total += rows
+    return needed * 2 < total
+
+
+def _sliced(spark: SparkSession, reads: Sequence[Read], schema: StructType, nkeys: int) -> DataFrame:
+    """The rows of ``reads`` read by their row ranges (``replay.engine.slices``), decision columns attached."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    fields = [StructField("d_cid", LongType()), StructField("d_batch", LongType())]
+    for i in range(nkeys):
+        fields += [StructField(f"d_thr{i}", LongType()), StructField(f"d_reason{i}", StringType())]
+    slices: list[Slice] = []
+    for r in reads:
+        values: list[Any] = [buffer_copy_id(r.buf), r.batch]
+        for i in range(nkeys):
+            values += [r.decision.thresholds[i], r.decision.reasons[i]]
+        slices.append((r.buf.file, r.buf.row_start, r.buf.rows, tuple(values)))
+    return read_slices(spark, slices, schema, StructType(fields))
+
+
+def _joined(
+    spark: SparkSession,
+    reads: Sequence[Read],
+    work: PassWork,
+    layout: ArchiveLayout,
+    schema: StructType,
+    spark_paths: Mapping[str, str],
+    nkeys: int,
+) -> DataFrame:
+    """The rows of ``reads`` read by Spark's Parquet reader and joined to the pass's decisions."""
+    from pyspark.sql import functions as F
+
+    files = sorted({spark_paths.get(r.buf.file, r.buf.file) for r in reads})
+    raw = spark.read.schema(schema).parquet(*files)
+    decisions = _decision_frame(spark, reads, work, spark_paths, nkeys)
+    on_identity = (
+        (q(layout.origin_id).cast("long") == F.col("d_origin"))
+        & (q(layout.sequence_number).cast("long") == F.col("d_sequence"))
+        & (q(layout.chunk_number).cast("long") == F.col("d_chunk"))
+    )
+    # A buffer with discarded copies elsewhere is matched by file too; when a copy shares its
+    # file, by row range as well. Row positions are read only then.
+    level = max((work.check_level(r.buf) for r in reads), default=0)
+    located: list[Column] = []
+    if level >= 1:
+        located.append(F.col("_metadata.file_path").alias("_file"))
+        same_copy = F.col("_file") == F.col("d_file")
+    if level == 2:
+        located.append(F.col("_metadata.row_index").alias("_row"))
+        same_copy = same_copy & ((F.col("d_check") == 1) | F.col("_row").between(F.col("d_lo"), F.col("d_hi")))
+    joined = raw.select("*", *located).join(F.broadcast(decisions), on_identity)
+    if located:
+        joined = joined.where((F.col("d_check") == 0) | same_copy)
+    return joined
+
+
+def q(name: str) -> Column:
+    """A column by name, quoted (names may hold dots)."""
+    from pyspark.sql import functions as F
+
+    return F.col(f"`{name}`")
+
+
+def pass_rows(
+    spark: SparkSession, work: PassWork, layout: ArchiveLayout, schema: StructType, spark_paths: Mapping[str, str]
+) -> DataFrame:
+    """The rows of ``work.reads`` with their decision, event times in microseconds and per-key flags."""
+    from pyspark.sql import functions as F
+
+    reads = work.reads
+    nkeys = len(layout.keys)
+    range_start, range_end = work.range
+    joined = _sliced(spark, reads, schema, nkeys) if _few_rows(reads) else None
+    if joined is None:
+        joined = _joined(spark, reads, work, layout, schema, spark_paths, nkeys)
+    raw = joined
+    punctuation = q(layout.key).isNull()
+    events = []
+    for i, key in enumerate(layout.keys):
+        events.append(time_micros(raw, key.event_time, layout.time_columns[key.event_time]).alias(f"_ev{i}"))
+    joined = joined.select("*", *events)
+    flags: list[Column] = []
+    for i in range(nkeys):
+        ev = F.col(f"_ev{i}")
+        punctuation = punctuation & ev.isNull()
+        inside = ev.isNotNull()
+        if range_start is not None:
+            inside = inside & (ev >= F.lit(range_start))
+        if range_end is not None:
+            inside = inside & (ev < F.lit(range_end))
+        flags += [
+            (inside & (ev < F.col(f"d_thr{i}"))).alias(f"_late{i}"),
+            (inside & (ev >= F.col(f"d_thr{i}"))).alias(f"_on{i}"),
+            (ev.isNotNull() & ~inside).alias(f"_out{i}"),
+        ]
+    return joined.select("*", (~punctuation).alias("_tuple"), *flags)

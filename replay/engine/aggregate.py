@@ -140,8 +140,9 @@ def run_pass(
     if rows_frame is not None and len(steps) == 1:
         metrics = Observation(f"pass_{uuid.uuid4().hex[:8]}")
         b = steps[0].batch
+        mine = F.col("d_batch") == F.lit(b)  # not the carried copies (batch 0): counted when decided
         observed = rows_frame.observe(
-            metrics, *[F.coalesce(F.sum(value), F.lit(0)).alias(f"{name}_{b}") for name, value in terms]
+            metrics, *[F.coalesce(F.sum(F.when(mine, value)), F.lit(0)).alias(f"{name}_{b}") for name, value in terms]
         )
     elif rows_frame is not None:
         branches.append(

@@ -106,6 +106,11 @@ class _Planned:
     def prefix(self) -> str:
         return f"b{self.batch:08d}-{self.token}"
 
+    @property
+    def reads_file(self) -> str:
+        """The state file of the copies it read with their decisions (a commit's ``carry``)."""
+        return f"state/{self.prefix}-reads.parquet"
+
 
 def process(
     ctx: RunContext, state: State, batches: Sequence[Batch], consumed: dict[str, list[int]], spark: SparkSession
@@ -122,15 +127,15 @@ def process(
         step, step_moved = _plan(ctx, state, batch_in, first + index)
         planned.append(step)
         moved = moved or step_moved
-    results, open_after = _tuple_work(ctx, state, planned, moved, floor, spark)
+    open_before = dict(state.commit.open_state) if state.commit else {}
+    results, open_after = _tuple_work(ctx, state, planned, moved, floor, open_before, spark)
     committed: list[tuple[Commit, dict[str, Any]]] = []
     carry = list(state.commit.carry) if state.commit else []
-    open_before = dict(state.commit.open_state) if state.commit else {}
     for step in planned:
         fault("before_batch", step.batch)
         last = step is planned[-1]
-        if results is not None and step.reads:
-            carry.append(f"state/{step.prefix}-reads.parquet")
+        if results is not None and step.reads and not last:
+            carry.append(step.reads_file)
         open_state, commit_carry = (open_after, ()) if last and results is not None else (open_before, tuple(carry))
         result = None if results is None else results[step.batch]
         committed.append(_commit(ctx, state, step, result, open_state, commit_carry, consumed))
@@ -199,12 +204,12 @@ def _tuple_work(
     planned: Sequence[_Planned],
     moved: bool,
     floor: tuple[int, ...],
+    open_before: dict[str, str | None],
     spark: SparkSession,
 ) -> tuple[dict[int, WorkResult] | None, dict[str, str | None]]:
     """The pass's Spark work, per batch (``None``: none needed), and the open-window state the
     pass leaves (paths under the checkpoint)."""
     store = ctx.store
-    open_before = dict(state.commit.open_state) if state.commit else {}
     if not any(buf.tuples for step in planned for buf, _ in step.reads) and not moved:
         # Nothing to aggregate (no reads, or punctuation only) and no watermark moved: no window
         # can change, so no Spark work.
@@ -268,7 +273,7 @@ def _commit(
         "progress": f"data/progress/{ctx.cid}-{prefix}.parquet",
     }
     progress = snapshot_json(step.snapshot)
-    discarded_rel, consumed_rel = _stage(ctx, state, step, result is not None, progress, consumed)
+    discarded_rel, consumed_rel = _stage(ctx, state, step, step.reads_file in carry, progress, consumed)
     fault("after_staging", batch)
     stem = f"state/{prefix}"
     log = ctx.store.append_log(
@@ -319,19 +324,20 @@ def _stage(
     ctx: RunContext,
     state: State,
     step: _Planned,
-    worked: bool,
+    carried: bool,
     progress: dict[str, Any],
     consumed: dict[str, list[int]],
 ) -> tuple[str | None, str | None]:
-    """Write the batch's files; returns the discarded-copy and consumed-file lists its commit
-    points at (the previous commit's when they did not change)."""
+    """Write the batch's files (``carried``: also the copies it read, which its commit carries);
+    returns the discarded-copy and consumed-file lists its commit points at (the previous
+    commit's when they did not change)."""
     store, nkeys, previous = ctx.store, len(ctx.layout.keys), state.commit
     stem = f"state/{step.prefix}"
     progress_file = ctx.output / "data" / "progress" / f"{ctx.cid}-{step.prefix}.parquet"
     write_parquet(progress_table(step.batch, step.snapshot), progress_file)
     _state.write_buffers(store.root / f"{stem}-buffers.parquet", step.input.buffers, nkeys)
-    if worked and step.reads:
-        _state.write_reads(store.root / f"{stem}-reads.parquet", step.reads, nkeys)
+    if carried:
+        _state.write_reads(store.root / step.reads_file, step.reads, nkeys)
     discarded_rel = previous.discarded if previous else None
     if step.input.discarded:
         discarded_rel = f"{stem}-discarded.parquet"

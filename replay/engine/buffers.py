@@ -13,10 +13,12 @@ deduplicated (identical copies) and conflicts handled per ``on_conflict``.
 from __future__ import annotations
 
 import hashlib
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from replay.core.buffer import Buffer, Conflict, DuplicateCopy
 from replay.core.errors import ConflictingDuplicateError, EmptyArchiveError, Location
@@ -43,6 +45,7 @@ __all__ = [
 ]
 
 _MASK32 = 0xFFFFFFFF
+_CHUNK = 512  # records turned into Python objects at a time
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -234,29 +237,62 @@ def _watermarks(rec: dict[str, Any], layout: ArchiveLayout) -> list[int | None]:
     return watermarks
 
 
-def _to_buffer(rec: dict[str, Any], layout: ArchiveLayout, content_hash: str = "") -> Buffer:
+class _Shared:
+    """Equal values the driver keeps once across ``Buffer`` records: file paths, and the per-key
+    tuples of event-time bounds the scan did not read (all ``None``)."""
+
+    def __init__(self, nkeys: int) -> None:
+        self.files: dict[str, str] = {}
+        self.unknown: tuple[None, ...] = (None,) * nkeys
+
+    def file(self, path: str) -> str:
+        return self.files.setdefault(path, path)
+
+    def times(self, values: tuple[int | None, ...]) -> tuple[int | None, ...]:
+        return self.unknown if values == self.unknown else values
+
+
+def _to_buffer(
+    rec: dict[str, Any], layout: ArchiveLayout, content_hash: str = "", shared: _Shared | None = None
+) -> Buffer:
     watermarks = _watermarks(rec, layout)
+    shared = shared or _Shared(len(layout.keys))
     return Buffer(
         origin=rec["origin"],
         sequence=rec["sequence"],
         chunk=rec["chunk"],
         last_chunk=bool(rec["last_chunk_min"]),
         watermarks=tuple(watermarks),
-        min_event=tuple(rec[f"ev{i}_min"] for i in range(len(layout.keys))),
-        max_event=tuple(rec[f"ev{i}_max"] for i in range(len(layout.keys))),
+        min_event=shared.times(tuple(rec[f"ev{i}_min"] for i in range(len(layout.keys)))),
+        max_event=shared.times(tuple(rec[f"ev{i}_max"] for i in range(len(layout.keys)))),
         ingest=rec.get("ingest_min"),
         idle=bool(rec.get("idle_min") or False),
         tuples=rec["tuples"],
         rows=rec["rows"],
-        file=rec["_file"],
+        file=shared.file(rec["_file"]),
         row_start=rec["row_min"],
         content_hash=content_hash,
     )
 
 
-def _first_key(buf: Buffer) -> tuple[int, str, int]:
-    # Earliest by (ingest_ts, file path, row position); without ingest_ts, by path and position.
-    return (buf.ingest if buf.ingest is not None else 0, buf.file, buf.row_start)
+def _by_identity(records: pa.Table, layout: ArchiveLayout) -> pa.Table:
+    """``records`` sorted by identity and, within one, first copy first: by ingest time (0 without
+    one), file path and row position; ``_repeated`` marks the copies of identities with several."""
+    import numpy as np
+
+    ingest = records["ingest_min"].fill_null(0) if layout.ingest_ts is not None else pa.repeat(0, records.num_rows)
+    ordered = records.append_column("_ingest", ingest).sort_by(
+        [(name, "ascending") for name in ("origin", "sequence", "chunk", "_ingest", "_file", "row_min")]
+    )
+    same = np.zeros(ordered.num_rows, dtype=bool)  # the same identity as the previous copy
+    if ordered.num_rows > 1:
+        same[1:] = True
+        for name in ("origin", "sequence", "chunk"):
+            values = ordered[name].to_numpy()
+            same[1:] &= values[1:] == values[:-1]
+    repeated = same.copy()
+    repeated[:-1] |= same[1:]
+    return ordered.append_column("_repeated", pa.array(repeated))
 
 
 def content_hashes(
@@ -318,40 +354,39 @@ def scan_buffers(
     """
     columns = scan_columns(layout, event_times=event_times)
     records, scanned = scan_records(spark, layout.files, columns, cache)
-    if not records:
+    if not records.num_rows:
         raise EmptyArchiveError(
             f"the archive's {len(layout.files)} Parquet file(s) hold no rows",
             where=Location(file=layout.root),
             todo="point 'archive' at the directory the archiver writes to, or wait until it has written data",
         )
-    for rec in records:
-        check_copy(rec, layout, config.chunk_base)
-    by_identity: dict[tuple[int, int, int], list[dict[str, Any]]] = defaultdict(list)
-    rows_read = tuples_read = 0
-    for rec in records:
-        by_identity[(rec["origin"], rec["sequence"], rec["chunk"])].append(rec)
-        rows_read += rec["rows"]
-        tuples_read += rec["tuples"]
+    # The records stay columnar; Python sees them a chunk at a time (the driver's memory is one
+    # ``Buffer`` per kept copy, not one dict per field of every record).
+    for chunk in records.to_batches(max_chunksize=_CHUNK):
+        for rec in chunk.to_pylist():
+            check_copy(rec, layout, config.chunk_base)
+    rows_read = int(pc.sum(records["rows"]).as_py() or 0)
+    tuples_read = int(pc.sum(records["tuples"]).as_py() or 0)
+    ordered = _by_identity(records, layout)
     repeated = [
         (rec["_file"], rec["origin"], rec["sequence"], rec["chunk"], rec["row_min"])
-        for recs in by_identity.values()
-        if len(recs) > 1
-        for rec in recs
+        for rec in ordered.filter(ordered["_repeated"]).to_pylist()
     ]
+    del records
     hashes, spark_paths = content_hashes(spark, layout, repeated)
-    copies: dict[tuple[int, int, int], list[Buffer]] = {
-        identity: [_to_buffer(rec, layout, hashes.get((rec["_file"], rec["row_min"]), "")) for rec in recs]
-        for identity, recs in by_identity.items()
-    }
+    shared = _Shared(len(layout.keys))
 
     kept: list[Buffer] = []
     duplicates: list[DuplicateCopy] = []
     conflicts: list[Conflict] = []
-    for identity in sorted(copies):
-        ordered = sorted(copies[identity], key=_first_key)
-        first = ordered[0]
-        kept.append(first)
-        for other in ordered[1:]:
+    first: Buffer | None = None
+    for chunk in ordered.to_batches(max_chunksize=_CHUNK):
+        for rec in chunk.to_pylist():
+            other = _to_buffer(rec, layout, hashes.get((rec["_file"], rec["row_min"]), ""), shared)
+            if first is None or other.identity != first.identity:
+                first = other  # the first copy of an identity: by ingest time, file and row
+                kept.append(first)
+                continue
             if other.content_hash == first.content_hash:
                 duplicates.append(
                     DuplicateCopy(

@@ -215,17 +215,19 @@ def _scanner(files: Sequence[str], columns: ScanColumns) -> Callable[[Iterator[p
     return scan
 
 
-def scan_files(spark: SparkSession, files: Sequence[str], columns: ScanColumns) -> list[dict[str, Any]]:
-    """The per-copy records of ``files``, read in Spark tasks (one Spark job)."""
+def scan_files(spark: SparkSession, files: Sequence[str], columns: ScanColumns) -> pa.Table:
+    """The per-copy records of ``files`` (one row each, ``columns.record_schema()``), read in Spark
+    tasks (one Spark job). They stay columnar: the driver turns them into ``Buffer`` records
+    without a Python object per field (``replay.engine.buffers``)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
+    schema = columns.record_schema()
     if not files:
-        return []
+        return schema.empty_table()
     parallelism = max(1, min(len(files), spark.sparkContext.defaultParallelism * 2))
     frame = spark.range(len(files), numPartitions=parallelism)
-    schema = from_arrow_schema(columns.record_schema())
     try:
-        records: list[dict[str, Any]] = frame.mapInArrow(_scanner(files, columns), schema).toArrow().to_pylist()
+        records = frame.mapInArrow(_scanner(files, columns), from_arrow_schema(schema)).toArrow()
     except Exception as exc:
         text = str(exc)
         if _ERROR_MARK not in text:
@@ -236,7 +238,7 @@ def scan_files(spark: SparkSession, files: Sequence[str], columns: ScanColumns) 
             where=Location(file=path),
             todo="restore the file from the archiver, or move it out of the archive directory; nothing was committed",
         ) from None
-    return records
+    return records.cast(schema)
 
 
 def footer_digest(path: str) -> str | None:
@@ -274,7 +276,7 @@ class FileCache:
             return None
         return f"{path}|{st.st_size}|{st.st_mtime_ns}|{footer}|{columns.digest()}"
 
-    def get(self, path: str, columns: ScanColumns) -> list[dict[str, Any]] | None:
+    def get(self, path: str, columns: ScanColumns) -> pa.Table | None:
         import pyarrow.parquet as pq
 
         key = self.key(path, columns)
@@ -287,18 +289,19 @@ class FileCache:
             return None
         if (table.schema.metadata or {}).get(b"replay.cache_key", b"").decode() != key:
             return None
-        records: list[dict[str, Any]] = table.to_pylist()
-        return records
+        try:
+            return table.replace_schema_metadata(None).cast(columns.record_schema())
+        except (ValueError, pa.ArrowException):
+            return None  # written by another version with other columns: scan the file again
 
-    def put(self, path: str, columns: ScanColumns, records: Sequence[dict[str, Any]]) -> None:
+    def put(self, path: str, columns: ScanColumns, records: pa.Table) -> None:
         import pyarrow.parquet as pq
 
         key = self.key(path, columns)
         if key is None:
             return
         self.root.mkdir(parents=True, exist_ok=True)
-        schema = columns.record_schema().with_metadata({"replay.cache_key": key})
-        table = pa.Table.from_pylist(list(records), schema=schema)
+        table = records.replace_schema_metadata({"replay.cache_key": key})
         entry = self._entry(path)
         tmp = entry.with_suffix(".tmp")
         pq.write_table(table, tmp)
@@ -307,22 +310,23 @@ class FileCache:
 
 def scan_records(
     spark: SparkSession, files: Sequence[str], columns: ScanColumns, cache: FileCache | None
-) -> tuple[list[dict[str, Any]], int]:
-    """The per-copy records of ``files``: from ``cache`` where it holds them, else scanned (and
-    cached). Also returns how many files were scanned."""
-    records: list[dict[str, Any]] = []
+) -> tuple[pa.Table, int]:
+    """The per-copy records of ``files``, in ``files`` order: from ``cache`` where it holds them,
+    else scanned (and cached). Also returns how many files were scanned."""
+    import pyarrow.compute as pc
+
+    found: dict[str, pa.Table] = {}
     missing: list[str] = []
     for path in files:
         cached = cache.get(path, columns) if cache is not None else None
         if cached is None:
             missing.append(path)
         else:
-            records += cached
+            found[path] = cached
     fresh = scan_files(spark, missing, columns)
-    if cache is not None:
-        by_file: dict[str, list[dict[str, Any]]] = {path: [] for path in missing}
-        for rec in fresh:
-            by_file[rec["_file"]].append(rec)
-        for path, recs in by_file.items():
-            cache.put(path, columns, recs)
-    return records + fresh, len(missing)
+    for path in missing:
+        found[path] = fresh.filter(pc.equal(fresh["_file"], path))
+        if cache is not None:
+            cache.put(path, columns, found[path])
+    schema = columns.record_schema()
+    return pa.concat_tables([found[path] for path in files] or [schema.empty_table()]), len(missing)

@@ -331,6 +331,28 @@ def test_copies_of_a_buffer_are_read_once_wherever_they_are(tmp_path: Path, spar
     assert job_view(config, spark) == reference_view(config)
 
 
+def test_identities_too_large_to_pack_into_one_join_key_are_matched_column_by_column(
+    tmp_path: Path, spark: Any
+) -> None:
+    """A pass joins the archive's rows to its copies on one long key packing origin, sequence and
+    chunk when they fit in 63 bits; with origin ids of 60 bits they do not, and the rows are matched
+    on the three columns: the same tables as the reference model."""
+    source, archive = tmp_path / "source", tmp_path / "archive"
+    generate_archive(source, dataclasses.replace(FEATURED, duplicates=2))
+    archive.mkdir()
+    widths = [0, 0, 0]
+    for path in sorted(source.glob("*.parquet")):
+        table = pq.read_table(path)
+        big = pc.add(pc.multiply(table["origin_id"].cast(pa.int64()), 2**58), 7)
+        table = table.set_column(table.schema.get_field_index("origin_id"), "origin_id", big)
+        pq.write_table(table, archive / path.name)
+        for i, name in enumerate(("origin_id", "sequence_number", "chunk_number")):
+            widths[i] = max(widths[i], int(pc.max(table[name]).as_py()).bit_length())
+    assert sum(widths) > 63
+    config = job(archive, tmp_path, on_conflict="keep_first", micro_batch={"max_buffers": 7})
+    assert job_view(config, spark) == reference_view(config)
+
+
 @pytest.mark.parametrize(
     ("start", "end", "field"),
     [

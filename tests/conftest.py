@@ -32,6 +32,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly:
+        return  # nothing runs: starting the work would only make --collect-only wait for it
     for item in session.items:
         marker = item.get_closest_marker("background")
         if marker is not None:

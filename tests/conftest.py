@@ -32,6 +32,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly:
+        return  # nothing runs: starting the work would only make --collect-only wait for it
     for item in session.items:
         marker = item.get_closest_marker("background")
         if marker is not None:
@@ -111,7 +113,8 @@ def validated_job(archive: Path, out: Path) -> JobConfig:
 
 @pytest.fixture(scope="session")
 def validated_run(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> tuple[JobConfig, ValidationOutcome]:
-    """One replayed and validated output (version 1), shared by ``test_validate`` and ``test_publish``.
+    """One replayed and validated output (version 1), shared by ``quality/test_validate.py``, ``store/test_publish.py``
+    and the plugin's tests in ``airflow/``.
 
     An origin-mode archive (no ``ingest_ts``) of 51 buffers with a gap, duplicates, late tuples and
     chunked sequences, replayed in two micro-batches, then validated with every suite. Tests must not

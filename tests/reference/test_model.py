@@ -10,12 +10,12 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from _archives import buffer_rows, write_archive  # tests/ is on sys.path (rootdir-less test dir)
 
 from replay.core.config import JobConfig, parse_config
 from replay.core.errors import ConfigError, ConflictingDuplicateError, WatermarkRegressionError
 from replay.core.timeutil import NEG_INF
 from replay.reference.model import OriginKeyProgress, ReferenceResult, run_reference
+from tests._archives import buffer_rows, write_archive
 
 
 def job(tmp_path: Any, **settings: Any) -> JobConfig:

@@ -46,7 +46,7 @@ def test_spec_example_loads(tmp_path: Path) -> None:
 
 
 def test_examples_in_repo_load() -> None:
-    for path in Path(__file__).parents[1].glob("examples/*.yaml"):
+    for path in Path(__file__).parents[2].glob("examples/*.yaml"):
         assert isinstance(load_config(path), JobConfig)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests import _background
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 

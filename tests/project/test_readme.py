@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from replay.cli import app
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def readme_commands() -> list[list[str]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("core", "reference", "store", "engine", "runner", "quality")
 MAY_IMPORT = {
     "core": {"core"},
@@ -73,7 +73,7 @@ def test_only_the_tests_import_the_reference_model() -> None:
     ]
     assert wrong == []
     # And the tests do use it: it is what the engine is checked against.
-    assert any(_folder(t) == "reference" for p in (ROOT / "tests").glob("test_*.py") for _, t in _replay_imports(p))
+    assert any(_folder(t) == "reference" for p in (ROOT / "tests").rglob("test_*.py") for _, t in _replay_imports(p))
 
 
 def test_no_flat_module_is_left_beside_the_folders() -> None:

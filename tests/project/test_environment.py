@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pyspark
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _pinned_pyspark() -> str:

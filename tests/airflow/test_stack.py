@@ -27,8 +27,8 @@ from replay import GenerateOptions, digest, generate_archive, parse_config, run
 from replay.generate import DEFAULT_START
 from replay.store.outputs import current_version, latest_run_version, read_validation
 from tests import _background
-from tests._airflow_stack import CHROMIUM, Response, Stack, airflow_stack, chromium_page
-from tests.test_dags_e2e import BACKFILL_ARCHIVE, JOB, WINDOWS
+from tests.airflow._stack import CHROMIUM, Response, Stack, airflow_stack, chromium_page
+from tests.airflow.test_dags_e2e import BACKFILL_ARCHIVE, JOB, WINDOWS
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 

@@ -12,7 +12,7 @@ import typer.main
 
 from replay.cli import app
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Written in pieces so that this file does not match itself.
 FORBIDDEN = ("SPEC" + ".md", "SPEC" + " section", ".." + "/shared")
@@ -92,6 +92,18 @@ def test_nothing_points_outside_the_repository() -> None:
 def test_links_and_anchors_resolve() -> None:
     problems = [problem for page in doc_pages() for problem in broken_links(page)]
     assert problems == []
+
+
+def test_the_test_files_named_anywhere_exist() -> None:
+    """A page, comment or docstring that names a file under ``tests/`` names one that is there (they moved once)."""
+    named = re.compile(rb"(?<![\w/.-])tests/[\w/]*\.py\b")
+    missing = [
+        f"{path.relative_to(ROOT)}: {name.decode()}"
+        for path in repository_files()
+        for name in sorted(set(named.findall(path.read_bytes())))
+        if not (ROOT / name.decode()).is_file()
+    ]
+    assert missing == []
 
 
 def test_slug_follows_github() -> None:

@@ -16,7 +16,6 @@ from typing import Any, Final
 
 import pyarrow as pa
 import pytest
-from _archives import Nanos, buffer_rows, write_archive
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +25,7 @@ from replay.engine.archive import inspect_schema, resolve_lateness
 from replay.engine.buffers import scan_buffers
 from replay.engine.inspection import track_progress
 from replay.reference.model import run_reference
+from tests._archives import Nanos, buffer_rows, write_archive
 
 pytestmark = pytest.mark.spark
 

@@ -19,7 +19,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from test_job_vs_reference import job_view, reference_view
 
 from replay.core.config import JobConfig, parse_config
 from replay.core.errors import ConfigError, ConflictingDuplicateError, IncompatibleCheckpointError
@@ -31,6 +30,7 @@ from replay.runner.loop import run
 from replay.store.digest import canonical_lines, digest
 from replay.store.outputs import read_table
 from tests._archives import FEATURED
+from tests.runner.test_job_vs_reference import job_view, reference_view
 
 pytestmark = pytest.mark.spark
 

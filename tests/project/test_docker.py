@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 AIRFLOW_SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")

@@ -41,7 +41,7 @@ from tests._archives import FEATURED
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REPLAY = str(Path(sys.executable).with_name("replay"))
 DETERMINISTIC = ("windows", "late", "integrity")
 

@@ -18,7 +18,6 @@ from typing import Any, Final
 
 import pyarrow as pa
 import pytest
-from _archives import Nanos, buffer_rows, write_archive
 from typer.testing import CliRunner
 
 from replay.cli import app
@@ -29,6 +28,7 @@ from replay.quality.validate import validate
 from replay.runner.loop import run
 from replay.store.digest import canonical_lines, digest
 from replay.store.outputs import read_table
+from tests._archives import Nanos, buffer_rows, write_archive
 
 pytestmark = pytest.mark.spark
 

@@ -1,6 +1,6 @@
 """``replay run`` (micro-batches, checkpoints, Spark window work) against ``replay.reference.model``.
 
-Hypothesis draws the same small, nasty archives as ``test_engine_vs_reference``
+Hypothesis draws the same small, nasty archives as ``tests/engine/test_vs_reference.py``
 (chunks out of order, gaps, idle markers, duplicates, conflicts, regressions,
 disorder), a window job (tumbling or sliding, every aggregation function) and a
 micro-batch size; the ``windows`` and ``late`` tables of the run must equal the
@@ -20,10 +20,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from _archives import write_archive
 from hypothesis import Phase, event, given, settings
 from hypothesis import strategies as st
-from test_engine_vs_reference import archives
 
 from replay.core.config import JobConfig, parse_config
 from replay.core.errors import ReplayError
@@ -31,6 +29,8 @@ from replay.core.timeutil import from_datetime
 from replay.reference.model import run_reference
 from replay.runner.loop import run
 from replay.store.outputs import read_table
+from tests._archives import write_archive
+from tests.engine.test_vs_reference import archives
 
 pytestmark = pytest.mark.spark
 

@@ -17,7 +17,7 @@ from replay.core.errors import ConfigError
 from replay_airflow.params import FORM_FIELDS, job_params, param_schemas, resolve_job
 from replay_airflow.roots import PathOutsideRootError, Roots
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WINDOW = {"name": "w", "size": "60s", "aggregations": [{"fn": "count"}]}
 
 

@@ -1,7 +1,7 @@
 """The "Replays" app with Airflow's authentication dependency overridden, for tests of the page's contents alone.
 
-``uvicorn tests._ui_without_auth:app --factory``. The authentication itself is tested against the real
-api-server in ``test_airflow_stack.py``.
+``uvicorn tests.airflow._ui_without_auth:app --factory``. The authentication itself is tested against the real
+api-server in ``test_stack.py``.
 """
 
 from __future__ import annotations

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _archives import buffer_rows, write_archive
 
 from replay.core.config import JobConfig, parse_config
 from replay.core.timeutil import parse_timestamp
 from replay.runner.loop import run
 from replay.store.digest import digest
+from tests._archives import buffer_rows, write_archive
 
 pytestmark = pytest.mark.spark
 

@@ -1,8 +1,8 @@
 """The "Replays" UI page: the plugin's FastAPI app under uvicorn, opened in headless Chromium.
 
-The app is served with Airflow's authentication dependency overridden (``tests/_ui_without_auth.py``):
+The app is served with Airflow's authentication dependency overridden (``tests/airflow/_ui_without_auth.py``):
 these tests look at what the page shows. That it answers only an Airflow user is tested against the
-real api-server in ``test_airflow_stack.py``.
+real api-server in ``test_stack.py``.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def server(replays: tuple[Path, dict[str, Any]], tmp_path_factory: pytest.TempPa
     with open(log, "w") as sink:
         process = subprocess.Popen(
             [
-                *(sys.executable, "-m", "uvicorn", "tests._ui_without_auth:app", "--factory"),
+                *(sys.executable, "-m", "uvicorn", "tests.airflow._ui_without_auth:app", "--factory"),
                 *("--host", "127.0.0.1", "--port", str(port)),
             ],
             env=home.env(

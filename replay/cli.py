@@ -84,7 +84,8 @@ def generate(
     key_type: Annotated[str, typer.Option(help="Key column type: int or string.")] = "int",
 ) -> None:
     """Write a seeded synthetic archive with chosen gaps, duplicates, disorder and late data."""
-    from replay.generate import GenerateOptions, generate_archive
+    from replay.generate import generate_archive
+    from replay.generate_options import GenerateOptions
 
     try:
         options = GenerateOptions(

@@ -30,7 +30,8 @@ from typing import Any
 
 import psutil
 
-from replay.generate import GenerateOptions, generate_archive
+from replay.generate import generate_archive
+from replay.generate_options import GenerateOptions
 
 ROOT = Path(__file__).resolve().parent
 DATA = ROOT / "data"

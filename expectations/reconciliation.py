@@ -43,7 +43,7 @@ def _kept_rows(inputs: SuiteInputs) -> tuple[DataFrame, DataFrame]:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from replay.engine.buffers import read_rows
+    from replay.engine.archive_rows import read_rows
 
     layout = inputs.layout
     rows = read_rows(inputs.spark, layout).select(
@@ -66,7 +66,7 @@ def _kept_rows(inputs: SuiteInputs) -> tuple[DataFrame, DataFrame]:
 
 def _archive_micros(column: str, kind: str) -> Column:
     """An archive time column as int64 microseconds, written apart from the engine's conversion
-    (``replay.engine.buffers.time_micros``) so that a bug there shows up as a difference here.
+    (``replay.engine.archive_rows.time_micros``) so that a bug there shows up as a difference here.
 
     Nanoseconds (int64 under ``nanosAsLong``) go through exact decimal arithmetic: ``floor`` of
     ``decimal(20,0) / 1000`` truncates toward minus infinity and never touches a double.

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     )
     from replay.core.progress import ProgressEngine, ProgressSnapshot
     from replay.engine.inspection import InspectReport, inspect_archive
-    from replay.generate import GenerateOptions, GenerateSummary, generate_archive
+    from replay.generate import generate_archive
+    from replay.generate_options import GenerateOptions, GenerateSummary
     from replay.quality.report import write_report
     from replay.quality.validate import ValidationOutcome, validate
     from replay.runner.loop import RunSummary, run
@@ -52,8 +53,8 @@ _MODULES = {
     "ConflictingDuplicateError": "replay.core.errors",
     "DataError": "replay.core.errors",
     "EmptyArchiveError": "replay.core.errors",
-    "GenerateOptions": "replay.generate",
-    "GenerateSummary": "replay.generate",
+    "GenerateOptions": "replay.generate_options",
+    "GenerateSummary": "replay.generate_options",
     "IncompatibleCheckpointError": "replay.core.errors",
     "InspectReport": "replay.engine.inspection",
     "JobConfig": "replay.core.config",

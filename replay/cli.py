@@ -1,4 +1,6 @@
-"""The ``replay`` command line (typer).
+"""The ``replay`` command line (typer): each command's arguments and options, the library call it
+makes, its errors and exit code. What a command shows, progress bars, tables and summaries, is
+``replay.console``'s.
 
 Exit codes: 0 success, 1 a run or analysis that failed on the data (message on
 stderr), 2 usage or configuration errors.
@@ -14,7 +16,15 @@ from typing import Annotated, Any
 
 import typer
 
-from replay.console import Steps, print_inspection
+from replay.console import (
+    Steps,
+    print_generated,
+    print_inspection,
+    print_publication,
+    print_run,
+    print_status,
+    print_validation,
+)
 from replay.core.errors import ReplayError
 
 __all__ = ["app", "main"]
@@ -84,7 +94,8 @@ def generate(
     key_type: Annotated[str, typer.Option(help="Key column type: int or string.")] = "int",
 ) -> None:
     """Write a seeded synthetic archive with chosen gaps, duplicates, disorder and late data."""
-    from replay.generate import GenerateOptions, generate_archive
+    from replay.generate import generate_archive
+    from replay.generate_options import GenerateOptions
 
     try:
         options = GenerateOptions(
@@ -114,11 +125,7 @@ def generate(
         except ValueError as exc:
             typer.echo(f"replay: error: {exc}", err=True)
             raise typer.Exit(2) from exc
-    typer.echo(
-        f"wrote {summary.tuples} tuples in {summary.buffers} buffers to {summary.files} file(s) under {summary.path} "
-        f"(gaps {len(summary.gaps)}, duplicates {len(summary.duplicates)}, conflicts {len(summary.conflicts)}, "
-        f"late tuples {summary.late_tuples}, idle origins {len(summary.idle_origins)})"
-    )
+    print_generated(summary)
 
 
 @app.command()
@@ -210,31 +217,7 @@ def run_command(
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
-    if summary.stale_lock is not None:
-        typer.echo(
-            f"note: broke the lock left by process {summary.stale_lock.pid} on {summary.stale_lock.host}, "
-            "which is no longer running",
-            err=True,
-        )
-    for note in summary.notes:
-        typer.echo(f"note: {note}", err=True)
-    if summary.batches == 0 and not summary.new_version:
-        typer.echo(f"nothing new in the archive since the last run; output version {summary.version} is current")
-    else:
-        typer.echo(
-            f"replayed {summary.buffers} buffers ({summary.tuples_read} tuples) in {summary.batches} micro-batch(es)"
-            + (" (resumed)" if summary.resumed else "")
-            + f" in {summary.seconds:.1f} s"
-        )
-    typer.echo(f"output:      {summary.output} (version {summary.version})")
-    typer.echo(f"checkpoint:  {summary.checkpoint}")
-    typer.echo(
-        f"windows:     {summary.windows_emitted} emitted, {summary.open_windows} still open (carried in the checkpoint)"
-    )
-    typer.echo("late tuples: " + ", ".join(f"{k} {n}" for k, n in summary.late_tuples.items()))
-    typer.echo(f"pending:     {summary.pending_tuples} tuples; duplicate copies discarded: {summary.duplicate_copies}")
-    for key, marks in data["watermarks"].items():
-        typer.echo(f"watermark:   {key}: global {marks['global']}, effective {marks['effective']}")
+    print_run(summary, data)
 
 
 @app.command()
@@ -252,36 +235,7 @@ def status(
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console() if sys.stdout.isatty() else Console(width=200)
-    console.print(
-        f"[bold]{data['checkpoint']}[/bold]: batch {data['batch']} of run {data['run']} "
-        f"({'finished' if data['finished'] else 'interrupted'}), commits kept {data['commits']}, "
-        f"lateness {data['lateness']}, output {data['output']} (versions {data['versions']})"
-    )
-    keys = Table(title="Per key")
-    for title in ("key", "global wm", "effective wm", "window lower", "window upper"):
-        keys.add_column(title, no_wrap=True)
-    for k in data["keys"]:
-        keys.add_row(
-            k["key"], str(k["global"]), str(k["effective"]), str(k["time_window_lower"]), str(k["time_window_upper"])
-        )
-    console.print(keys)
-    cut = Table(title="Stream cut per origin")
-    for title in ("origin", "sequence", "chunk"):
-        cut.add_column(title, justify="right")
-    for origin, (seq, chunk) in data["stream_cut"].items():
-        cut.add_row(str(origin), str(seq), str(chunk))
-    console.print(cut)
-    console.print(
-        "open windows: "
-        + ", ".join(f"{n} {c}" for n, c in data["open_windows"].items())
-        + f"; pending: {data['pending_buffers']} buffers ({data['pending_tuples']} tuples)"
-    )
-    for line in data["corrupt"]:
-        console.print(f"[yellow]checkpoint.corrupt[/yellow]: {line} (the next run sets it aside and redoes it)")
+    print_status(data)
 
 
 @app.command()
@@ -334,29 +288,8 @@ def validate(
             outcome = run_validation(output, version, suites=suite, on_step=steps)
     except ReplayError as error:
         raise _fail(error) from error
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console() if sys.stdout.isatty() else Console(width=200)
-    table = Table(title=f"{output} version {outcome.version}")
-    for title in ("suite", "result", "expectations", "failed"):
-        table.add_column(title)
-    for s in outcome.record["suites"]:
-        table.add_row(s["name"], "passed" if s["success"] else "FAILED", str(s["evaluated"]), str(s["failed"]))
-    console.print(table)
-    console.print(f"Data Docs: {outcome.data_docs}")
+    print_validation(output, outcome)
     if not outcome.success:
-        for suite_name, e in outcome.failures:
-            examples = "; ".join(map(str, e["unexpected_examples"][:3]))
-            typer.echo(
-                f"replay: failed: {suite_name}: {e['type']}({e['column']}): {e['description']}"
-                + (f" ({e['unexpected_count']} unexpected: {examples})" if e["unexpected_count"] else "")
-                + (f" [{e['error']}]" if e.get("error") else ""),
-                err=True,
-            )
-        missing = {"windows", "progress", "integrity", "reconciliation"} - {s["name"] for s in outcome.record["suites"]}
-        if missing:
-            typer.echo(f"replay: not validated yet: {', '.join(sorted(missing))}", err=True)
         raise typer.Exit(1)
 
 
@@ -375,15 +308,7 @@ def publish(
         outcome = publish_version(output, version, retain_versions=retain)
     except ReplayError as error:
         raise _fail(error) from error
-    if not outcome.changed:
-        typer.echo(f"version {outcome.source} is already published (current: version {outcome.publication})")
-        return
-    counts = ", ".join(f"{n} {k}" for k, n in outcome.corrections.items())
-    typer.echo(
-        f"published version {outcome.source} as version {outcome.publication} (previous: {outcome.previous}); "
-        f"corrections: {counts}"
-        + (f"; removed versions {', '.join(map(str, outcome.removed_versions))}" if outcome.removed_versions else "")
-    )
+    print_publication(outcome)
 
 
 @app.command()

@@ -1,14 +1,33 @@
 """What the ``replay`` command shows while it works and after: progress of long steps (a rich bar on a
-terminal, plain log lines on stderr elsewhere) and ``replay inspect``'s tables. rich is imported
-only when something is shown."""
+terminal, plain log lines on stderr elsewhere) and each command's result as text and tables
+(``generate``'s summary, ``inspect``'s and ``status``' tables, ``run``'s summary, ``validate``'s
+suites and failures, ``publish``'s outcome). ``replay.cli`` parses the command, calls the library
+and chooses the exit code; the ``--json`` forms it prints itself. rich is imported only when
+something is shown."""
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Steps", "print_inspection"]
+import typer
+
+if TYPE_CHECKING:
+    from replay.generate_options import GenerateSummary
+    from replay.quality.validate import ValidationOutcome
+    from replay.runner.loop import RunSummary
+    from replay.store.publish import PublishOutcome
+
+__all__ = [
+    "Steps",
+    "print_generated",
+    "print_inspection",
+    "print_publication",
+    "print_run",
+    "print_status",
+    "print_validation",
+]
 
 log = logging.getLogger("replay")
 
@@ -108,3 +127,116 @@ def print_inspection(data: dict[str, Any]) -> None:
     console.print(keys)
     integrity = data["integrity"]
     console.print("integrity: " + ", ".join(f"{name} {len(items)}" for name, items in integrity.items()))
+
+
+def print_generated(summary: GenerateSummary) -> None:
+    """``replay generate``'s one line: what was written where."""
+    typer.echo(
+        f"wrote {summary.tuples} tuples in {summary.buffers} buffers to {summary.files} file(s) under {summary.path} "
+        f"(gaps {len(summary.gaps)}, duplicates {len(summary.duplicates)}, conflicts {len(summary.conflicts)}, "
+        f"late tuples {summary.late_tuples}, idle origins {len(summary.idle_origins)})"
+    )
+
+
+def print_run(summary: RunSummary, data: dict[str, Any]) -> None:
+    """``replay run``'s summary (``data`` is ``summary.to_dict()``): notes on stderr, the result on stdout."""
+    if summary.stale_lock is not None:
+        typer.echo(
+            f"note: broke the lock left by process {summary.stale_lock.pid} on {summary.stale_lock.host}, "
+            "which is no longer running",
+            err=True,
+        )
+    for note in summary.notes:
+        typer.echo(f"note: {note}", err=True)
+    if summary.batches == 0 and not summary.new_version:
+        typer.echo(f"nothing new in the archive since the last run; output version {summary.version} is current")
+    else:
+        typer.echo(
+            f"replayed {summary.buffers} buffers ({summary.tuples_read} tuples) in {summary.batches} micro-batch(es)"
+            + (" (resumed)" if summary.resumed else "")
+            + f" in {summary.seconds:.1f} s"
+        )
+    typer.echo(f"output:      {summary.output} (version {summary.version})")
+    typer.echo(f"checkpoint:  {summary.checkpoint}")
+    typer.echo(
+        f"windows:     {summary.windows_emitted} emitted, {summary.open_windows} still open (carried in the checkpoint)"
+    )
+    typer.echo("late tuples: " + ", ".join(f"{k} {n}" for k, n in summary.late_tuples.items()))
+    typer.echo(f"pending:     {summary.pending_tuples} tuples; duplicate copies discarded: {summary.duplicate_copies}")
+    for key, marks in data["watermarks"].items():
+        typer.echo(f"watermark:   {key}: global {marks['global']}, effective {marks['effective']}")
+
+
+def print_status(data: dict[str, Any]) -> None:
+    """``replay status``'s tables on stdout: the checkpoint, per key, the stream cut, open windows."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    console.print(
+        f"[bold]{data['checkpoint']}[/bold]: batch {data['batch']} of run {data['run']} "
+        f"({'finished' if data['finished'] else 'interrupted'}), commits kept {data['commits']}, "
+        f"lateness {data['lateness']}, output {data['output']} (versions {data['versions']})"
+    )
+    keys = Table(title="Per key")
+    for title in ("key", "global wm", "effective wm", "window lower", "window upper"):
+        keys.add_column(title, no_wrap=True)
+    for k in data["keys"]:
+        keys.add_row(
+            k["key"], str(k["global"]), str(k["effective"]), str(k["time_window_lower"]), str(k["time_window_upper"])
+        )
+    console.print(keys)
+    cut = Table(title="Stream cut per origin")
+    for title in ("origin", "sequence", "chunk"):
+        cut.add_column(title, justify="right")
+    for origin, (seq, chunk) in data["stream_cut"].items():
+        cut.add_row(str(origin), str(seq), str(chunk))
+    console.print(cut)
+    console.print(
+        "open windows: "
+        + ", ".join(f"{n} {c}" for n, c in data["open_windows"].items())
+        + f"; pending: {data['pending_buffers']} buffers ({data['pending_tuples']} tuples)"
+    )
+    for line in data["corrupt"]:
+        console.print(f"[yellow]checkpoint.corrupt[/yellow]: {line} (the next run sets it aside and redoes it)")
+
+
+def print_validation(output: str, outcome: ValidationOutcome) -> None:
+    """``replay validate``'s table of suites on stdout and, when one failed, its failed expectations
+    and the suites not run yet on stderr."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    table = Table(title=f"{output} version {outcome.version}")
+    for title in ("suite", "result", "expectations", "failed"):
+        table.add_column(title)
+    for s in outcome.record["suites"]:
+        table.add_row(s["name"], "passed" if s["success"] else "FAILED", str(s["evaluated"]), str(s["failed"]))
+    console.print(table)
+    console.print(f"Data Docs: {outcome.data_docs}")
+    if not outcome.success:
+        for suite_name, e in outcome.failures:
+            examples = "; ".join(map(str, e["unexpected_examples"][:3]))
+            typer.echo(
+                f"replay: failed: {suite_name}: {e['type']}({e['column']}): {e['description']}"
+                + (f" ({e['unexpected_count']} unexpected: {examples})" if e["unexpected_count"] else "")
+                + (f" [{e['error']}]" if e.get("error") else ""),
+                err=True,
+            )
+        missing = {"windows", "progress", "integrity", "reconciliation"} - {s["name"] for s in outcome.record["suites"]}
+        if missing:
+            typer.echo(f"replay: not validated yet: {', '.join(sorted(missing))}", err=True)
+
+
+def print_publication(outcome: PublishOutcome) -> None:
+    """``replay publish``'s one line: what was published, with the corrections."""
+    if not outcome.changed:
+        typer.echo(f"version {outcome.source} is already published (current: version {outcome.publication})")
+        return
+    counts = ", ".join(f"{n} {k}" for k, n in outcome.corrections.items())
+    typer.echo(
+        f"published version {outcome.source} as version {outcome.publication} (previous: {outcome.previous}); "
+        f"corrections: {counts}"
+        + (f"; removed versions {', '.join(map(str, outcome.removed_versions))}" if outcome.removed_versions else "")
+    )

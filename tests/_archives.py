@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replay.core.timeutil import from_datetime
-from replay.generate import GenerateOptions
+from replay.generate_options import GenerateOptions
 
 __all__ = [
     "ARCHIVE_TYPES",

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from replay.generate import DEFAULT_START, GenerateOptions, GenerateSummary, generate_archive
+from replay.generate import generate_archive
+from replay.generate_options import DEFAULT_START, GenerateOptions, GenerateSummary
 
 META = ("last_chunk", "watermark_ts", "ingest_ts", "idle")
 Ident = tuple[int, int, int]

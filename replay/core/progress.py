@@ -9,14 +9,15 @@ pins down every choice; ``replay.reference.model`` is the independent model the
 tests compare this engine with.
 
 The engine works buffer by buffer so that a micro-batch run can feed it batch
-after batch; ``finish`` ends a run (``gap_policy: skip`` acts there).
+after batch; ``finish`` ends a run (``gap_policy: skip`` acts there). What it
+holds, and how a checkpoint exports and restores that, is ``replay.core.progress_state``;
+the values it takes and gives are ``replay.core.progress_records``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from replay.core.errors import BadBufferError, Location, WatermarkRegressionError
 from replay.core.progress_records import (
@@ -28,6 +29,7 @@ from replay.core.progress_records import (
     Regression,
     Skipped,
 )
+from replay.core.progress_state import NEVER, OriginState, ProgressState
 from replay.core.timeutil import NEG_INF, format_ts, minus
 from replay.core.vocabulary import Lateness, LateReason
 
@@ -48,8 +50,6 @@ __all__ = [
     "arrival_order",
 ]
 
-_NEVER = 2**63  # beyond every timestamp
-
 BEHIND_ORIGIN = LateReason.BEHIND_ORIGIN
 BEHIND_GLOBAL = LateReason.BEHIND_GLOBAL
 
@@ -59,24 +59,9 @@ def arrival_order(buffers: Iterable[Buffer]) -> list[Buffer]:
     return sorted(buffers, key=lambda b: (b.ingest if b.ingest is not None else NEG_INF, b.identity))
 
 
-class _Origin:
-    __slots__ = ("blocked", "cut", "id", "idle_marker", "last", "last_ingest", "max_seq", "pending", "prefix", "wm")
-
-    def __init__(self, origin: int, nkeys: int) -> None:
-        self.id = origin
-        self.prefix = 0
-        self.wm: list[int] = [NEG_INF] * nkeys  # W_k(o, prefix)
-        self.pending: dict[int, dict[int, Buffer]] = {}  # sequence > prefix -> chunk -> buffer
-        self.last: dict[int, int] = {}  # sequence -> its last chunk number
-        self.max_seq = 0
-        self.cut: tuple[int, int] | None = None
-        self.last_ingest: int | None = None
-        self.idle_marker = False
-        self.blocked: int | None = None  # inspect under 'fail': the regressing sequence
-
-
-class ProgressEngine:
-    """Incremental progress tracking over buffer metadata.
+class ProgressEngine(ProgressState):
+    """Incremental progress tracking over buffer metadata; the state it moves, and that state's
+    export and restore, are ``ProgressState``'s.
 
     Args:
         keys: the watermark keys, in the order of ``Buffer.watermarks``.
@@ -90,48 +75,6 @@ class ProgressEngine:
         strict: raise on a regression under ``fail`` (a run); otherwise record it and hold the
             origin's prefix before the offending sequence (``replay inspect``).
     """
-
-    def __init__(
-        self,
-        *,
-        keys: Sequence[KeySettings],
-        mode: str,
-        participants: Mapping[str, Iterable[int]],
-        expected_origins: Iterable[int] = (),
-        chunk_base: int = 1,
-        gap_policy: str = "wait",
-        watermark_regression: str = "fail",
-        idle_timeout: int | None = None,
-        strict: bool = True,
-    ) -> None:
-        if mode not in ("origin", "arrival"):
-            raise ValueError(f"mode must be origin or arrival, not {mode!r}")
-        self.keys = tuple(keys)
-        self.mode = mode
-        self.chunk_base = chunk_base
-        self.gap_policy = gap_policy
-        self.watermark_regression = watermark_regression
-        self.idle_timeout = idle_timeout
-        self.strict = strict
-        self.expected = frozenset(expected_origins)
-        self.participants = [set(participants.get(k.name, ())) | set(self.expected) for k in self.keys]
-        self.global_wm = [NEG_INF] * len(self.keys)
-        self._counted: list[tuple[int, ...]] = [() for _ in self.keys]
-        self._window: list[tuple[int, int] | None] = [None for _ in self.keys]
-        self._origins: dict[int, _Origin] = {}
-        self._clock: int | None = None
-        self._deadline = _NEVER  # arrival mode: the clock at which the next idle timeout fires
-        self._first_ingest: int | None = None
-        self.regressions: list[Regression] = []
-        self.skipped: list[Skipped] = []
-        for origins in self.participants:
-            for origin in origins:
-                self._state(origin)
-
-    @property
-    def clock(self) -> int | None:
-        """Arrival mode: the ``ingest_ts`` of the latest buffer fed (``None`` before the first)."""
-        return self._clock
 
     # -- feeding -----------------------------------------------------------------------------
 
@@ -210,12 +153,6 @@ class ProgressEngine:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _state(self, origin: int) -> _Origin:
-        state = self._origins.get(origin)
-        if state is None:
-            state = self._origins[origin] = _Origin(origin, len(self.keys))
-        return state
-
     def _decide(self, buf: Buffer, watermarks: Sequence[int], reason: str) -> Decision:
         """Thresholds ``watermark - allowed_lateness`` per key: ``G_k`` (arrival) or ``W_k(o, s - 1)`` (origin).
 
@@ -262,11 +199,11 @@ class ProgressEngine:
         while state.blocked is None and self._complete(state, state.prefix + 1):
             self._enter(state, state.prefix + 1, decisions, closed=False)
 
-    def _complete(self, state: _Origin, seq: int) -> bool:
+    def _complete(self, state: OriginState, seq: int) -> bool:
         last = state.last.get(seq)
         return last is not None and len(state.pending.get(seq, ())) == last - self.chunk_base + 1
 
-    def _enter(self, state: _Origin, seq: int, decisions: list[Decision], *, closed: bool) -> None:
+    def _enter(self, state: OriginState, seq: int, decisions: list[Decision], *, closed: bool) -> None:
         chunks = state.pending.get(seq, {})
         new_wm = list(state.wm)
         clamped: list[Regression] = []
@@ -319,7 +256,7 @@ class ProgressEngine:
             for buf in sorted(state.pending.get(seq + 1, {}).values(), key=lambda b: b.chunk):
                 decisions.append(self._decide(buf, state.wm, BEHIND_ORIGIN))
 
-    def _idle(self, state: _Origin) -> bool:
+    def _idle(self, state: OriginState) -> bool:
         if self.mode != "arrival":
             return False
         if state.last_ingest is not None and state.idle_marker:
@@ -343,7 +280,7 @@ class ProgressEngine:
                 if not idle[o] and (s.last_ingest is not None or o not in self.expected)
             ]
             known = [t for t in starts if t is not None]
-            self._deadline = min(known) + self.idle_timeout if known else _NEVER
+            self._deadline = min(known) + self.idle_timeout if known else NEVER
         for index, origins in enumerate(self.participants):
             previous = self.global_wm[index]
             if not origins:
@@ -360,97 +297,6 @@ class ProgressEngine:
             self.global_wm[index] = max(previous, candidate)
             self._counted[index] = tuple(counted)
             self._window[index] = (min(local[o] for o in counted), max(local[o] for o in counted)) if counted else None
-
-    # -- snapshots ---------------------------------------------------------------------------
-
-    def seen(self, identity: tuple[int, int, int]) -> bool:
-        """Whether a buffer identity lies within what was fed: its sequence is in the origin's
-        complete prefix (consumed, or closed by ``gap_policy: skip``), or the chunk is pending."""
-        origin, sequence, chunk = identity
-        state = self._origins.get(origin)
-        if state is None:
-            return False
-        return sequence <= state.prefix or chunk in state.pending.get(sequence, {})
-
-    def pending_buffer(self, identity: tuple[int, int, int]) -> Buffer | None:
-        """The fed buffer of ``identity`` beyond its origin's prefix, if it is one."""
-        origin, sequence, chunk = identity
-        state = self._origins.get(origin)
-        return None if state is None else state.pending.get(sequence, {}).get(chunk)
-
-    def export_state(self) -> tuple[dict[str, Any], list[Buffer]]:
-        """The engine's whole state: JSON-able values, and the buffers it holds beyond each
-        origin's prefix (in origin, sequence, chunk order). ``restore`` takes both back.
-
-        The size follows the origins and the buffers in flight, never the history fed.
-        """
-        origins = []
-        held: list[Buffer] = []
-        for origin, state in sorted(self._origins.items()):
-            origins.append(
-                {
-                    "id": origin,
-                    "prefix": state.prefix,
-                    "wm": list(state.wm),
-                    "last": sorted([seq, chunk] for seq, chunk in state.last.items()),
-                    "max_seq": state.max_seq,
-                    "cut": list(state.cut) if state.cut is not None else None,
-                    "last_ingest": state.last_ingest,
-                    "idle_marker": state.idle_marker,
-                    "blocked": state.blocked,
-                }
-            )
-            for seq in sorted(state.pending):
-                held += [state.pending[seq][chunk] for chunk in sorted(state.pending[seq])]
-        values = {
-            "mode": self.mode,
-            "keys": [k.name for k in self.keys],
-            "participants": [sorted(p) for p in self.participants],
-            "global_wm": list(self.global_wm),
-            "counted": [list(c) for c in self._counted],
-            "window": [list(w) if w is not None else None for w in self._window],
-            "clock": self._clock,
-            "deadline": self._deadline,
-            "first_ingest": self._first_ingest,
-            "regressions": [dataclasses.asdict(r) for r in self.regressions],
-            "skipped": [dataclasses.asdict(s) for s in self.skipped],
-            "origins": origins,
-        }
-        return values, held
-
-    def restore(self, values: Mapping[str, Any], held: Iterable[Buffer]) -> None:
-        """Take back a state ``export_state`` gave, into an engine built with the same settings.
-
-        Raises:
-            ValueError: the state was exported by an engine with another mode or other keys.
-        """
-        if values["mode"] != self.mode or values["keys"] != [k.name for k in self.keys]:
-            raise ValueError(
-                f"the snapshot is of a {values['mode']} engine with keys {values['keys']}, "
-                f"not {self.mode} with {[k.name for k in self.keys]}"
-            )
-        self.participants = [set(p) for p in values["participants"]]
-        self.global_wm = list(values["global_wm"])
-        self._counted = [tuple(c) for c in values["counted"]]
-        self._window = [(w[0], w[1]) if w is not None else None for w in values["window"]]
-        self._clock = values["clock"]
-        self._deadline = values["deadline"]
-        self._first_ingest = values["first_ingest"]
-        self.regressions = [Regression(**r) for r in values["regressions"]]
-        self.skipped = [Skipped(**{**s, "chunks": tuple(s["chunks"])}) for s in values["skipped"]]
-        self._origins = {}
-        for row in values["origins"]:
-            state = self._state(row["id"])
-            state.prefix = row["prefix"]
-            state.wm = list(row["wm"])
-            state.last = {seq: chunk for seq, chunk in row["last"]}
-            state.max_seq = row["max_seq"]
-            state.cut = (row["cut"][0], row["cut"][1]) if row["cut"] is not None else None
-            state.last_ingest = row["last_ingest"]
-            state.idle_marker = row["idle_marker"]
-            state.blocked = row["blocked"]
-        for buf in held:
-            self._origins[buf.origin].pending.setdefault(buf.sequence, {})[buf.chunk] = buf
 
     # -- reading -----------------------------------------------------------------------------
 

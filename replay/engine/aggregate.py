@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from replay.core.config import JobConfig, WindowSpec
 from replay.engine.archive import ArchiveLayout
-from replay.engine.buffers import time_value
+from replay.engine.archive_rows import time_value
 from replay.engine.passes import Counts, PassWork, SpecCounts, Step, WorkResult
 from replay.engine.rows import pass_rows, q
 from replay.engine.schemas import table_structs

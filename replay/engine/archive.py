@@ -1,7 +1,7 @@
 """The archive: file discovery, column mapping and schema validation (docs/archive.md#columns).
 
 Only Parquet footers are read here (pyarrow, one footer per file); the tuples
-are read by Spark in ``replay.engine.buffers``. A file that cannot be opened, is
+are read by Spark (``replay.engine.archive_rows``). A file that cannot be opened, is
 truncated or is not Parquet fails here, named, before any Spark job starts.
 """
 

@@ -1,19 +1,17 @@
-"""Per-buffer metadata, extracted with Spark (docs/archive.md#buffers-and-punctuation-rows).
+"""The archive's buffers (docs/archive.md#buffers-and-punctuation-rows): each buffer identity's copies
+checked, deduplicated and made one ``Buffer`` (``scan_buffers``).
 
-One Spark aggregation turns the archive's rows into one row per *copy* (a
-contiguous run of rows of one buffer identity in one file): row and tuple
-counts, the metadata values (with a check that every row agrees), per-key event
-time bounds and a content hash over the multiset of rows. Only these rows reach
-the driver, never tuples, so driver memory grows with buffers, not tuples.
-
-On the driver the copies are checked (identities, chunk numbering, last chunks),
-deduplicated (identical copies) and conflicts handled per ``on_conflict``.
+The metadata scan (``replay.engine.scan``) gives one record per copy of a buffer, read from
+the metadata columns only, so driver memory grows with buffers, not tuples. The records stay
+an Arrow table: sorting by identity and finding the identities with several copies are Arrow
+work, and Python sees the records a few hundred at a time, so what the driver keeps is one
+compact ``Buffer`` per identity (file paths shared). On the driver the copies are checked (identities, chunk numbering, last chunks: ``replay.engine.copy_checks``),
+deduplicated (identical copies, told apart from conflicting ones by ``replay.engine.copies``'
+content hashes) and conflicts handled per ``on_conflict``.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,29 +20,18 @@ import pyarrow.compute as pc
 
 from replay.core.buffer import Buffer, Conflict, DuplicateCopy
 from replay.core.errors import ConflictingDuplicateError, EmptyArchiveError, Location
-from replay.core.paths import local_path
 from replay.engine.archive import ArchiveLayout
+from replay.engine.copies import content_hashes, record_watermarks
 from replay.engine.copy_checks import check_copy, check_sequences
 from replay.engine.scan import FileCache, scan_columns, scan_records
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
     from replay.core.config import JobConfig
 
-__all__ = [
-    "Buffer",
-    "BufferScan",
-    "Conflict",
-    "DuplicateCopy",
-    "content_hashes",
-    "read_rows",
-    "scan_buffers",
-    "time_micros",
-    "time_value",
-]
+__all__ = ["Buffer", "BufferScan", "Conflict", "DuplicateCopy", "scan_buffers"]
 
-_MASK32 = 0xFFFFFFFF
 _CHUNK = 512  # records turned into Python objects at a time
 
 
@@ -62,181 +49,6 @@ class BufferScan:
     files_scanned: int = 0  # files read by the metadata scan (the others came from the file cache)
 
 
-def _sql_name(column: str) -> str:
-    """``column`` quoted for a Spark SQL expression."""
-    return "`" + column.replace("`", "``") + "`"
-
-
-def time_micros(df: DataFrame, column: str, kind: str) -> Column:
-    """A Spark expression for ``column`` as int64 microseconds since the epoch (UTC).
-
-    ``kind`` is the column's entry in ``ArchiveLayout.time_columns``. Nanoseconds (read as
-    int64 under ``spark.sql.legacy.parquet.nanosAsLong``) are truncated toward minus infinity
-    in exact 64-bit integer arithmetic: ``-1 ns`` is ``-1 us``, ``999 ns`` is ``0 us``. They
-    never go through a double, which holds epoch nanoseconds of this century only to the
-    nearest 256 ns and would put a tuple on the wrong side of a watermark.
-    """
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import TimestampNTZType
-
-    col = F.col(_sql_name(column))
-    if kind == "epoch_ms":
-        return col.cast("long") * 1000
-    if kind == "ns":
-        nanos = col.cast("long")
-        # SQL's integral ``div`` truncates toward zero; below the epoch a remainder means one less.
-        toward_zero = F.expr(f"CAST({_sql_name(column)} AS BIGINT) div 1000")
-        return F.when(nanos % 1000 < 0, toward_zero - 1).otherwise(toward_zero)
-    if isinstance(df.schema[column].dataType, TimestampNTZType):
-        col = col.cast("timestamp")  # wall clock taken as UTC (the session time zone)
-    return F.unix_micros(col)
-
-
-def time_value(df: DataFrame, column: str, kind: str) -> Column:
-    """``column`` as it appears in output tables: a timestamp (microseconds, UTC) for a Parquet
-    timestamp of any unit, the int64 epoch milliseconds unchanged under ``time_unit: ms``."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import TimestampType
-
-    if kind == "epoch_ms" or isinstance(df.schema[column].dataType, TimestampType):
-        return F.col(_sql_name(column))
-    return F.timestamp_micros(time_micros(df, column, kind))
-
-
-def read_rows(spark: SparkSession, layout: ArchiveLayout, files: Sequence[str] | None = None) -> DataFrame:
-    """The rows of ``files`` (default: the archive's) with ``_file`` and ``_row`` (position within
-    the file) attached."""
-    from pyspark.sql import functions as F
-
-    if "ns" in layout.time_columns.values():
-        spark.conf.set("spark.sql.legacy.parquet.nanosAsLong", "true")
-    # Files may differ in optional columns: merge the footers' schemas (types were checked to agree),
-    # so that a column one file lacks reads as null instead of vanishing from the others.
-    if len(layout.schema):
-        from replay.engine.archive import spark_schema
-
-        df = spark.read.schema(spark_schema(layout)).parquet(*(files or layout.files))
-    else:
-        df = spark.read.option("mergeSchema", "true").parquet(*(files or layout.files))
-    return df.select("*", F.col("_metadata.file_path").alias("_file"), F.col("_metadata.row_index").alias("_row"))
-
-
-def _copies_frame(df: DataFrame, layout: ArchiveLayout, group_extra: list[str]) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    payload_hash_inputs: list[Column] = []
-    for name in layout.payload:
-        payload_hash_inputs += [F.col(f"`{name}`"), F.col(f"`{name}`").isNull()]
-    row_hash = F.xxhash64(*payload_hash_inputs)
-    punctuation = F.col(f"`{layout.key}`").isNull()
-    for key in layout.keys:
-        punctuation = punctuation & F.col(f"`{key.event_time}`").isNull()
-
-    group = [
-        F.col("_file"),
-        F.col(f"`{layout.origin_id}`").cast("long").alias("origin"),
-        F.col(f"`{layout.sequence_number}`").cast("long").alias("sequence"),
-        F.col(f"`{layout.chunk_number}`").cast("long").alias("chunk"),
-        *[F.col(c) for c in group_extra],
-    ]
-    aggs: list[Column] = [
-        F.count(F.lit(1)).alias("rows"),
-        F.sum(F.when(punctuation, 0).otherwise(1)).alias("tuples"),
-        F.min("_row").alias("row_min"),
-        F.max("_row").alias("row_max"),
-        F.sum(row_hash.bitwiseAND(F.lit(_MASK32))).alias("hash_lo"),
-        F.sum(F.shiftrightunsigned(row_hash, 32)).alias("hash_hi"),
-    ]
-    meta: list[tuple[str, Column]] = [("last_chunk", F.col(f"`{layout.last_chunk}`"))]
-    if layout.ingest_ts is not None:
-        meta.append(("ingest", time_micros(df, layout.ingest_ts, layout.time_columns[layout.ingest_ts])))
-    if layout.idle is not None:
-        meta.append(("idle", F.col(f"`{layout.idle}`")))
-    for index, key in enumerate(layout.keys):
-        if key.watermark is not None:
-            meta.append((f"wm{index}", time_micros(df, key.watermark, layout.time_columns[key.watermark])))
-    for name, expr in meta:
-        aggs += [F.min(expr).alias(f"{name}_min"), F.max(expr).alias(f"{name}_max"), F.count(expr).alias(f"{name}_n")]
-    for index, key in enumerate(layout.keys):
-        event = time_micros(df, key.event_time, layout.time_columns[key.event_time])
-        aggs += [F.min(event).alias(f"ev{index}_min"), F.max(event).alias(f"ev{index}_max")]
-    return df.groupBy(*group).agg(*aggs)
-
-
-def _collect(frame: DataFrame) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = frame.toArrow().to_pylist()
-    return rows
-
-
-def _runs_frame(df: DataFrame, layout: ArchiveLayout, scattered: list[dict[str, Any]]) -> DataFrame:
-    """Rows of identities that appear more than once in a file, with a run number per copy."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    spark = df.sparkSession
-    targets = spark.createDataFrame(
-        [(r["_file"], r["origin"], r["sequence"], r["chunk"]) for r in scattered],
-        "t_file string, t_origin long, t_sequence long, t_chunk long",
-    )
-    joined = df.join(
-        F.broadcast(targets),
-        (df["_file"] == targets["t_file"])
-        & (F.col(f"`{layout.origin_id}`").cast("long") == targets["t_origin"])
-        & (F.col(f"`{layout.sequence_number}`").cast("long") == targets["t_sequence"])
-        & (F.col(f"`{layout.chunk_number}`").cast("long") == targets["t_chunk"]),
-    ).drop("t_file", "t_origin", "t_sequence", "t_chunk")
-    # Gaps and islands: positions p1 < p2 < ... of one identity; p_i - i is constant
-    # exactly along a run of consecutive rows.
-    order = Window.partitionBy("_file", layout.origin_id, layout.sequence_number, layout.chunk_number).orderBy("_row")
-    return joined.withColumn("_run", F.col("_row") - F.row_number().over(order))
-
-
-def _copy_records(df: DataFrame, layout: ArchiveLayout) -> list[dict[str, Any]]:
-    """Per copy, the full record with the content hash's sums (one Spark aggregation over the rows)."""
-    records = _collect(_copies_frame(df, layout, []))
-    scattered = [r for r in records if r["row_max"] - r["row_min"] + 1 != r["rows"]]
-    if scattered:
-        ids = {(r["_file"], r["origin"], r["sequence"], r["chunk"]) for r in scattered}
-        records = [r for r in records if (r["_file"], r["origin"], r["sequence"], r["chunk"]) not in ids]
-        records += _collect(_copies_frame(_runs_frame(df, layout, scattered), layout, ["_run"]))
-    return records
-
-
-def _display_path(spark_path: str, layout: ArchiveLayout, files: Sequence[str] = ()) -> str:
-    """Spark's ``file:`` URI of a local file as the plain path the user gave."""
-    local = local_path(spark_path)
-    if local is None:
-        return spark_path
-    for given in (*files, *layout.files):
-        if given == local or local_path(given) == local:
-            return given
-    return local
-
-
-def _content_hash(rec: dict[str, Any], layout: ArchiveLayout) -> str:
-    """A copy's content hash from its full record (``_copy_records``): equal for identical copies."""
-    watermarks = _watermarks(rec, layout)
-    content = hashlib.blake2b(digest_size=16)
-    parts = [
-        rec["rows"],
-        rec["tuples"],
-        rec["hash_lo"],
-        rec["hash_hi"],
-        rec["last_chunk_min"],
-        rec.get("idle_min"),
-        *watermarks,
-    ]
-    content.update(repr(parts).encode())
-    return content.hexdigest()
-
-
-def _watermarks(rec: dict[str, Any], layout: ArchiveLayout) -> list[int | None]:
-    watermarks: list[int | None] = []
-    for index, key in enumerate(layout.keys):
-        watermarks.append(rec[f"wm{index}_min"] if key.watermark is not None else rec[f"ev{index}_max"])
-    return watermarks
-
-
 class _Shared:
     """Equal values the driver keeps once across ``Buffer`` records: file paths, and the per-key
     tuples of event-time bounds the scan did not read (all ``None``)."""
@@ -252,11 +64,8 @@ class _Shared:
         return self.unknown if values == self.unknown else values
 
 
-def _to_buffer(
-    rec: dict[str, Any], layout: ArchiveLayout, content_hash: str = "", shared: _Shared | None = None
-) -> Buffer:
-    watermarks = _watermarks(rec, layout)
-    shared = shared or _Shared(len(layout.keys))
+def _to_buffer(rec: dict[str, Any], layout: ArchiveLayout, content_hash: str, shared: _Shared) -> Buffer:
+    watermarks = record_watermarks(rec, layout)
     return Buffer(
         origin=rec["origin"],
         sequence=rec["sequence"],
@@ -293,40 +102,6 @@ def _by_identity(records: pa.Table, layout: ArchiveLayout) -> pa.Table:
     repeated = same.copy()
     repeated[:-1] |= same[1:]
     return ordered.append_column("_repeated", pa.array(repeated))
-
-
-def content_hashes(
-    spark: SparkSession, layout: ArchiveLayout, copies: Sequence[tuple[str, int, int, int, int]]
-) -> tuple[dict[tuple[str, int], str], dict[str, str]]:
-    """The content hash of each copy ``(file, origin, sequence, chunk, row_start)``, by ``(file,
-    row_start)``, from one Spark aggregation over those copies' rows (the payload is read only
-    here, and only for buffers that have more than one copy); and the path Spark reports for
-    each file read. A copy whose file no longer holds it gets no hash."""
-    from pyspark.sql import functions as F
-
-    if not copies:
-        return {}, {}
-    files = sorted({c[0] for c in copies})
-    df = read_rows(spark, layout, files)
-    targets = spark.createDataFrame(
-        [(c[1], c[2], c[3]) for c in copies], "t_origin long, t_sequence long, t_chunk long"
-    ).distinct()
-    df = df.join(
-        F.broadcast(targets),
-        (F.col(f"`{layout.origin_id}`").cast("long") == targets["t_origin"])
-        & (F.col(f"`{layout.sequence_number}`").cast("long") == targets["t_sequence"])
-        & (F.col(f"`{layout.chunk_number}`").cast("long") == targets["t_chunk"]),
-        "left_semi",
-    )
-    wanted = {(c[0], c[4]) for c in copies}
-    hashes: dict[tuple[str, int], str] = {}
-    spark_paths: dict[str, str] = {}
-    for rec in _copy_records(df, layout):
-        shown = _display_path(rec["_file"], layout, files)
-        spark_paths[shown] = rec["_file"]
-        if (shown, rec["row_min"]) in wanted:
-            hashes[(shown, rec["row_min"])] = _content_hash(rec, layout)
-    return hashes, spark_paths
 
 
 def scan_buffers(

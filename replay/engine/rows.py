@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from replay.engine.archive import ArchiveLayout
-from replay.engine.buffers import time_micros
+from replay.engine.archive_rows import time_micros
 from replay.engine.passes import PassWork, Read, buffer_copy_id
 from replay.engine.slices import Slice, file_rows, read_slices
 

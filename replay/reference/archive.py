@@ -1,9 +1,9 @@
 """Reading an archive for the reference model: docs/archive.md, the naive way.
 
-Private to ``replay.reference.model``. Every Parquet file is read whole into Python
-rows (timestamps as int microseconds), cut into copies (maximal runs of one
-buffer identity within one file), and deduplicated: each identity keeps its
-first copy, identical copies are counted, different ones are conflicts.
+Private to the reference model (``replay.reference.model`` and ``replay.reference.progress``).
+Every Parquet file is read whole into Python rows (timestamps as int microseconds), cut into
+copies (maximal runs of one buffer identity within one file), and deduplicated: each identity
+keeps its first copy, identical copies are counted, different ones are conflicts.
 """
 
 from __future__ import annotations

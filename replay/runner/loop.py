@@ -40,7 +40,8 @@ from replay.engine.archive import (
     resolve_lateness,
     spark_schema,
 )
-from replay.engine.buffers import content_hashes, scan_buffers
+from replay.engine.buffers import scan_buffers
+from replay.engine.copies import content_hashes
 from replay.engine.inspection import participants_of
 from replay.engine.scan import FileCache
 from replay.runner.batch import Batch, RunContext, fault, process

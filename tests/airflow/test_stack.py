@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from replay import GenerateOptions, digest, generate_archive, parse_config, run
-from replay.generate import DEFAULT_START
+from replay.generate_options import DEFAULT_START
 from replay.store.outputs import current_version, latest_run_version, read_validation
 from tests import _background
 from tests.airflow._stack import CHROMIUM, Response, Stack, airflow_stack, chromium_page

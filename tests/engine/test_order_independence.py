@@ -18,7 +18,8 @@ from replay.core.config import parse_config
 from replay.engine.archive import inspect_schema, resolve_lateness
 from replay.engine.buffers import scan_buffers
 from replay.engine.inspection import track_progress
-from replay.generate import GenerateOptions, generate_archive
+from replay.generate import generate_archive
+from replay.generate_options import GenerateOptions
 
 pytestmark = pytest.mark.spark
 

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from replay.cli import app
 from replay.core.config import JobConfig, parse_config
 from replay.core.timeutil import parse_timestamp
-from replay.engine import buffers, rows
+from replay.engine import archive_rows, copies, rows
 from replay.quality.validate import validate
 from replay.runner.loop import run
 from replay.store.digest import canonical_lines, digest
@@ -229,7 +229,7 @@ def _double_micros(df: Any, column: str, kind: str) -> Any:
     return _exact_micros(df, column, kind)
 
 
-_exact_micros = buffers.time_micros
+_exact_micros = archive_rows.time_micros
 
 
 def test_reconciliation_fails_when_the_engine_converts_time_wrongly(
@@ -248,7 +248,8 @@ def test_reconciliation_fails_when_the_engine_converts_time_wrongly(
     outcome = validate(right.output, suites=["reconciliation"], spark=spark)  # type: ignore[arg-type]
     assert _reconciliation(outcome)["success"], outcome.failures
 
-    monkeypatch.setattr(buffers, "time_micros", _double_micros)
+    monkeypatch.setattr(archive_rows, "time_micros", _double_micros)  # as time_value uses it
+    monkeypatch.setattr(copies, "time_micros", _double_micros)
     monkeypatch.setattr(rows, "time_micros", _double_micros)
     wrong = _job(tmp_path / "archive", tmp_path / "wrong")
     run(wrong, spark=spark)

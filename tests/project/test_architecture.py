@@ -78,4 +78,4 @@ def test_only_the_tests_import_the_reference_model() -> None:
 
 def test_no_flat_module_is_left_beside_the_folders() -> None:
     top = sorted(p.name for p in (ROOT / "replay").glob("*.py"))
-    assert top == ["__init__.py", "__main__.py", "cli.py", "console.py", "generate.py"]
+    assert top == ["__init__.py", "__main__.py", "cli.py", "console.py", "generate.py", "generate_options.py"]

@@ -29,7 +29,8 @@ from PIL import Image
 
 from replay.core.config import parse_config
 from replay.core.errors import ConfigError
-from replay.generate import GenerateOptions, generate_archive
+from replay.generate import generate_archive
+from replay.generate_options import GenerateOptions
 from replay.quality.report import write_report
 from replay.runner.loop import run
 from replay.store.outputs import Manifest, read_manifest, read_table, write_manifest, write_validation

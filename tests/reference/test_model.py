@@ -14,7 +14,8 @@ import pytest
 from replay.core.config import JobConfig, parse_config
 from replay.core.errors import ConfigError, ConflictingDuplicateError, WatermarkRegressionError
 from replay.core.timeutil import NEG_INF
-from replay.reference.model import OriginKeyProgress, ReferenceResult, run_reference
+from replay.reference.model import run_reference
+from replay.reference.results import OriginKeyProgress, ReferenceResult
 from tests._archives import buffer_rows, write_archive
 
 

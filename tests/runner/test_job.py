@@ -25,7 +25,8 @@ from replay.core.errors import ConfigError, ConflictingDuplicateError, Incompati
 from replay.core.timeutil import parse_timestamp
 from replay.engine.archive import inspect_schema
 from replay.engine.buffers import scan_buffers
-from replay.generate import GenerateOptions, generate_archive
+from replay.generate import generate_archive
+from replay.generate_options import GenerateOptions
 from replay.runner.loop import run
 from replay.store.digest import canonical_lines, digest
 from replay.store.outputs import read_table

@@ -24,7 +24,8 @@ import yaml
 
 from replay.core.config import load_config
 from replay.core.errors import ConcurrentWriterError
-from replay.generate import GenerateOptions, generate_archive
+from replay.generate import generate_archive
+from replay.generate_options import GenerateOptions
 from replay.runner.loop import run
 from replay.store import state as _state
 from replay.store.checkpoint import CheckpointStore

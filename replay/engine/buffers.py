@@ -5,9 +5,10 @@ The metadata scan (``replay.engine.scan``) gives one record per copy of a buffer
 the metadata columns only, so driver memory grows with buffers, not tuples. The records stay
 an Arrow table: sorting by identity and finding the identities with several copies are Arrow
 work, and Python sees the records a few hundred at a time, so what the driver keeps is one
-compact ``Buffer`` per identity (file paths shared). On the driver the copies are checked (identities, chunk numbering, last chunks: ``replay.engine.copy_checks``),
-deduplicated (identical copies, told apart from conflicting ones by ``replay.engine.copies``'
-content hashes) and conflicts handled per ``on_conflict``.
+compact ``Buffer`` per identity (file paths shared). On the driver the copies are checked
+(identities, chunk numbering, last chunks: ``replay.engine.copy_checks``), deduplicated
+(identical copies, told apart from conflicting ones by ``replay.engine.copies``' content
+hashes) and conflicts handled per ``on_conflict``.
 """
 
 from __future__ import annotations

@@ -42,9 +42,16 @@ def _packing(reads: Sequence[Read]) -> tuple[int, int, int] | None:
     return origin, sequence, chunk
 
 
+def _pack(origin: int, sequence: int, chunk: int, bits: tuple[int, int, int]) -> int:
+    """A copy's identity packed with the widths of ``_packing`` (the decision table's ``d_id``)."""
+    _, s_bits, c_bits = bits
+    return (origin << (s_bits + c_bits)) | (sequence << c_bits) | chunk
+
+
 def _packed(origin: Column, sequence: Column, chunk: Column, bits: tuple[int, int, int]) -> Column:
-    """The packed identity of ``_packing``; null for a row whose identity lies outside the bit
-    widths (it matches no copy of the pass, whose identities all fit)."""
+    """``_pack`` as a Spark expression over a row's identity columns; null for a row whose
+    identity lies outside the bit widths (it matches no copy of the pass, whose identities all
+    fit)."""
     from pyspark.sql import functions as F
 
     o_bits, s_bits, c_bits = bits
@@ -54,9 +61,15 @@ def _packed(origin: Column, sequence: Column, chunk: Column, bits: tuple[int, in
 
 
 def _decision_frame(
-    spark: SparkSession, reads: Sequence[Read], work: PassWork, spark_paths: Mapping[str, str], nkeys: int
+    spark: SparkSession,
+    reads: Sequence[Read],
+    work: PassWork,
+    spark_paths: Mapping[str, str],
+    nkeys: int,
+    bits: tuple[int, int, int] | None,
 ) -> DataFrame:
-    """One row per copy read, built as an Arrow table (no per-row Python type checks)."""
+    """One row per copy read, built as an Arrow table (no per-row Python type checks); with
+    ``bits`` (``_packing``), its packed identity too."""
     import pyarrow as pa
 
     columns: dict[str, pa.Array] = {
@@ -70,12 +83,8 @@ def _decision_frame(
         "d_check": pa.array([work.check_level(r.buf) for r in reads], pa.int32()),
         "d_batch": pa.array([r.batch for r in reads], pa.int64()),
     }
-    bits = _packing(reads)
     if bits is not None:
-        _, s_bits, c_bits = bits
-        columns["d_id"] = pa.array(
-            [(r.buf.origin << (s_bits + c_bits)) | (r.buf.sequence << c_bits) | r.buf.chunk for r in reads], pa.int64()
-        )
+        columns["d_id"] = pa.array([_pack(r.buf.origin, r.buf.sequence, r.buf.chunk, bits) for r in reads], pa.int64())
     for i in range(nkeys):
         columns[f"d_thr{i}"] = pa.array([r.decision.thresholds[i] for r in reads], pa.int64())
         columns[f"d_reason{i}"] = pa.array([r.decision.reasons[i] for r in reads], pa.string())
@@ -124,8 +133,8 @@ def _joined(
 
     files = sorted({spark_paths.get(r.buf.file, r.buf.file) for r in reads})
     raw = spark.read.schema(schema).parquet(*files)
-    decisions = _decision_frame(spark, reads, work, spark_paths, nkeys)
     bits = _packing(reads)
+    decisions = _decision_frame(spark, reads, work, spark_paths, nkeys, bits)
     located: list[Column] = []
     if bits is not None:
         identity = _packed(q(layout.origin_id), q(layout.sequence_number), q(layout.chunk_number), bits)

@@ -1,8 +1,8 @@
 """The join key of a pass's rows (``replay.engine.rows``): a copy's identity packed into one long.
 
-The Spark expression and the decision table's column are the same formula; the runs of the
-suite check that they meet (a row that found no decision would fail the ledger). Here: the
-packing is exact when it is chosen, and is not chosen when it cannot be.
+The Spark expression (on the archive's rows) and the decision table's column are the same
+formula: they agree, the packing is exact when it is chosen, and is not chosen when it
+cannot be.
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replay.engine.rows import _packing
+from replay.engine.rows import _pack, _packed, _packing
 
 identities = st.lists(
     st.tuples(st.integers(1, 2**24), st.integers(1, 2**34), st.integers(0, 2**8)), min_size=1, max_size=40
@@ -24,19 +25,13 @@ def _reads(ids: list[tuple[int, int, int]]) -> list[Any]:
     return [SimpleNamespace(buf=SimpleNamespace(origin=o, sequence=s, chunk=c)) for o, s, c in ids]
 
 
-def _pack(identity: tuple[int, int, int], bits: tuple[int, int, int]) -> int:
-    o, s, c = identity
-    _, s_bits, c_bits = bits
-    return (o << (s_bits + c_bits)) | (s << c_bits) | c
-
-
 @given(identities)
 def test_a_packed_key_is_one_per_identity_and_fits_a_signed_long(ids: list[tuple[int, int, int]]) -> None:
     bits = _packing(_reads(ids))
     widths = sum(max(identity[k] for identity in ids).bit_length() for k in range(3))
     assert (bits is None) == (widths > 63)
     if bits is not None:
-        keys = {identity: _pack(identity, bits) for identity in set(ids)}
+        keys = {identity: _pack(*identity, bits) for identity in set(ids)}
         assert len(set(keys.values())) == len(keys)
         assert all(0 <= key < 2**63 for key in keys.values())
         # Unpacking gives the identity back: the widths hold every component.
@@ -51,3 +46,18 @@ def test_the_widths_are_those_of_the_largest_values_up_to_63_bits() -> None:
     assert _packing(_reads([(2**40 - 1, 2**20 - 1, 2**3 - 1)])) == (40, 20, 3)  # 63 bits: packed
     assert _packing(_reads([(2**40, 2**20 - 1, 2**3 - 1)])) is None  # 64 bits: three columns
     assert _packing([]) is None
+
+
+@pytest.mark.spark
+def test_the_spark_expression_packs_as_the_decision_table_does(spark: Any) -> None:
+    """``_packed`` (on the archive's rows) and ``_pack`` (the decision table) agree on identities
+    that fit, and give null, so no match, for one that does not (an origin past its width)."""
+    from pyspark.sql import functions as F
+
+    ids = [(16, 1000, 3), (1, 1, 0), (9, 513, 2)]
+    bits = _packing(_reads(ids))
+    assert bits is not None
+    rows = [*ids, (32, 1, 0), (1, 1024, 0), (1, 1, 4)]  # each one component past its width
+    frame = spark.createDataFrame(rows, "o long, s long, c int")
+    got = [r[0] for r in frame.select(_packed(F.col("o"), F.col("s"), F.col("c"), bits)).collect()]
+    assert got == [_pack(*identity, bits) for identity in ids] + [None, None, None]

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from replay.core.buffer import Buffer, Conflict, DuplicateCopy
 from replay.core.errors import ConflictingDuplicateError, EmptyArchiveError, Location
 from replay.engine.archive import ArchiveLayout
-from replay.engine.copies import content_hashes, record_watermarks
+from replay.engine.copies import cached_content_hashes, record_watermarks
 from replay.engine.copy_checks import check_copy, check_sequences
 from replay.engine.scan import FileCache, scan_columns, scan_records
 
@@ -48,6 +48,7 @@ class BufferScan:
     tuples_read: int
     spark_paths: dict[str, str] = field(default_factory=dict)  # Buffer.file -> the path Spark reports
     files_scanned: int = 0  # files read by the metadata scan (the others came from the file cache)
+    copies_hashed: int = 0  # copies whose payload was read for a content hash (the others: the file cache)
 
 
 class _Shared:
@@ -149,7 +150,7 @@ def scan_buffers(
         for rec in ordered.filter(ordered["_repeated"]).to_pylist()
     ]
     del records
-    hashes, spark_paths = content_hashes(spark, layout, repeated)
+    hashes, spark_paths, hashed = cached_content_hashes(spark, layout, repeated, cache)
     shared = _Shared(len(layout.keys))
 
     kept: list[Buffer] = []
@@ -211,4 +212,5 @@ def scan_buffers(
         tuples_read=tuples_read,
         spark_paths=spark_paths,
         files_scanned=scanned,
+        copies_hashed=hashed,
     )

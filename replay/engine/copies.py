@@ -12,6 +12,7 @@ columns, and ``replay.engine.buffers`` deduplicates by the hashes ``content_hash
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,9 @@ from replay.engine.archive_rows import read_rows, time_micros
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["content_hashes", "record_watermarks"]
+    from replay.engine.scan import FileCache
+
+__all__ = ["cached_content_hashes", "content_hashes", "hash_digest", "record_watermarks"]
 
 _MASK32 = 0xFFFFFFFF
 
@@ -177,3 +180,59 @@ def content_hashes(
         if (shown, rec["row_min"]) in wanted:
             hashes[(shown, rec["row_min"])] = _content_hash(rec, layout)
     return hashes, spark_paths
+
+
+def hash_digest(layout: ArchiveLayout) -> str:
+    """What a content hash covers under ``layout`` (payload, metadata and time columns, their
+    units), as a short digest: cached hashes made under another one are not used."""
+    covered = [
+        layout.payload,
+        layout.key,
+        layout.last_chunk,
+        layout.idle,
+        [(k.event_time, k.watermark) for k in layout.keys],
+        sorted(layout.time_columns.items()),
+        _HASH_VERSION,
+    ]
+    return hashlib.sha256(json.dumps(covered).encode()).hexdigest()[:16]
+
+
+_HASH_VERSION = 1  # bump when ``_content_hash`` changes what it hashes
+
+
+def cached_content_hashes(
+    spark: SparkSession,
+    layout: ArchiveLayout,
+    copies: Sequence[tuple[str, int, int, int, int]],
+    cache: FileCache | None,
+) -> tuple[dict[tuple[str, int], str], dict[str, str], int]:
+    """``content_hashes``, taking from ``cache`` the hashes of copies in files it already hashed
+    (a file changed since is hashed again) and adding the ones computed; also returns how many
+    copies had their payload read."""
+    if cache is None or not copies:
+        return (*content_hashes(spark, layout, copies), len(copies))
+    digest = hash_digest(layout)
+    hashes: dict[tuple[str, int], str] = {}
+    spark_paths: dict[str, str] = {}
+    missing: list[tuple[str, int, int, int, int]] = []
+    known: dict[str, tuple[str, dict[int, str]] | None] = {}
+    for copy in copies:
+        file, row = copy[0], copy[4]
+        if file not in known:
+            known[file] = cache.get_hashes(file, digest)
+        entry = known[file]
+        if entry is not None and row in entry[1]:
+            hashes[(file, row)] = entry[1][row]
+            spark_paths[file] = entry[0]
+        else:
+            missing.append(copy)
+    fresh, paths = content_hashes(spark, layout, missing)
+    hashes.update(fresh)
+    spark_paths.update(paths)
+    by_file: dict[str, dict[int, str]] = {}
+    for (file, row), value in fresh.items():
+        by_file.setdefault(file, {})[row] = value
+    for file, values in by_file.items():
+        if file in paths:
+            cache.put_hashes(file, digest, paths[file], values)
+    return hashes, spark_paths, len(missing)

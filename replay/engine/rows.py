@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from replay.engine.archive import ArchiveLayout
-from replay.engine.archive_rows import time_micros
+from replay.engine.archive_rows import read_parquet, time_micros
 from replay.engine.passes import PassWork, Read, buffer_copy_id
 from replay.engine.slices import Slice, file_rows, read_slices
 
@@ -132,7 +132,7 @@ def _joined(
     from pyspark.sql import functions as F
 
     files = sorted({spark_paths.get(r.buf.file, r.buf.file) for r in reads})
-    raw = spark.read.schema(schema).parquet(*files)
+    raw = read_parquet(spark, schema, files)
     bits = _packing(reads)
     decisions = _decision_frame(spark, reads, work, spark_paths, nkeys, bits)
     located: list[Column] = []

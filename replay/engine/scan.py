@@ -256,7 +256,9 @@ def footer_digest(path: str) -> str | None:
 
 class FileCache:
     """Per-file scan records kept in a directory (``<checkpoint>/scan-cache``): one Parquet file
-    per archive file, whose metadata holds the key it was made under."""
+    per archive file, whose metadata holds the key it was made under; and beside it the content
+    hashes of the file's copies that had to be hashed (a buffer archived more than once), so
+    that a run reading the file again never reads its payload again either."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -264,17 +266,9 @@ class FileCache:
     def _entry(self, path: str) -> Path:
         return self.root / (hashlib.sha256(path.encode()).hexdigest()[:32] + ".parquet")
 
-    @staticmethod
-    def key(path: str, columns: ScanColumns) -> str | None:
-        local = local_path(path)
-        if local is None:
-            return None
-        try:
-            st = os.stat(local)
-            footer = footer_digest(path)
-        except OSError:
-            return None
-        return f"{path}|{st.st_size}|{st.st_mtime_ns}|{footer}|{columns.digest()}"
+    @classmethod
+    def key(cls, path: str, columns: ScanColumns) -> str | None:
+        return cls.key_of(path, columns.digest())
 
     def get(self, path: str, columns: ScanColumns) -> pa.Table | None:
         import pyarrow.parquet as pq
@@ -293,6 +287,53 @@ class FileCache:
             return table.replace_schema_metadata(None).cast(columns.record_schema())
         except (ValueError, pa.ArrowException):
             return None  # written by another version with other columns: scan the file again
+
+    def _hash_entry(self, path: str) -> Path:
+        return self.root / (hashlib.sha256(path.encode()).hexdigest()[:32] + ".hashes.json")
+
+    def get_hashes(self, path: str, digest: str) -> tuple[str, dict[int, str]] | None:
+        """The content hashes of the copies of ``path`` computed so far (by first row), under a
+        hash ``digest`` (the columns the hash covers), with the path Spark reports for the file;
+        ``None`` when the file changed since, or no hash of it is known."""
+        key = self.key_of(path, digest)
+        entry = self._hash_entry(path)
+        if key is None or not entry.exists():
+            return None
+        try:
+            data = json.loads(entry.read_text())
+            if data.get("key") != key:
+                return None
+            return str(data["spark_path"]), {int(row): str(h) for row, h in data["hashes"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None  # unreadable (a crash mid-write of another version): hash the copies again
+
+    def put_hashes(self, path: str, digest: str, spark_path: str, hashes: dict[int, str]) -> None:
+        """Add ``hashes`` (content hash by first row) of ``path``'s copies to the cache."""
+        key = self.key_of(path, digest)
+        if key is None:
+            return
+        known = self.get_hashes(path, digest)
+        merged = {**(known[1] if known is not None else {}), **hashes}
+        self.root.mkdir(parents=True, exist_ok=True)
+        entry = self._hash_entry(path)
+        tmp = entry.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps({"key": key, "spark_path": spark_path, "hashes": {str(r): h for r, h in sorted(merged.items())}})
+        )
+        os.replace(tmp, entry)
+
+    @staticmethod
+    def key_of(path: str, digest: str) -> str | None:
+        """A file's cache key (path, size, modification time, footer digest) under ``digest``."""
+        local = local_path(path)
+        if local is None:
+            return None
+        try:
+            st = os.stat(local)
+            footer = footer_digest(path)
+        except OSError:
+            return None
+        return f"{path}|{st.st_size}|{st.st_mtime_ns}|{footer}|{digest}"
 
     def put(self, path: str, columns: ScanColumns, records: pa.Table) -> None:
         import pyarrow.parquet as pq

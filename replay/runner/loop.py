@@ -41,7 +41,7 @@ from replay.engine.archive import (
     spark_schema,
 )
 from replay.engine.buffers import scan_buffers
-from replay.engine.copies import content_hashes
+from replay.engine.copies import cached_content_hashes
 from replay.engine.inspection import participants_of
 from replay.engine.scan import FileCache
 from replay.runner.batch import Batch, RunContext, fault, process
@@ -280,20 +280,16 @@ class _Runner:
         mode = resolve_lateness(config, layout)
         state = rebuild(store, config, layout, mode, commit)
         self.event("scan", 0, 1)
+        cache = FileCache(store.root / "scan-cache")
         scan = scan_buffers(
-            self.spark,
-            layout,
-            config,
-            strict=True,
-            event_times=self.range != (None, None),
-            cache=FileCache(store.root / "scan-cache"),
+            self.spark, layout, config, strict=True, event_times=self.range != (None, None), cache=cache
         )
         self.event("scan", 1, 1)
         schema = spark_schema(layout)
         state.spark_paths.update(scan.spark_paths)
 
         def hasher(copies: Sequence[tuple[str, int, int, int, int]]) -> Mapping[tuple[str, int], str]:
-            hashes, paths = content_hashes(self.spark, layout, copies)
+            hashes, paths, _ = cached_content_hashes(self.spark, layout, copies, cache)
             state.spark_paths.update(paths)
             return hashes
 

@@ -193,6 +193,34 @@ def test_content_is_compared_only_for_identities_with_several_copies(tmp_path: P
     assert [(c.sequence, c.other_file) for c in scan.conflicts] == [(3, str(archive / "d.parquet"))]
 
 
+def test_the_file_cache_keeps_content_hashes_until_the_file_changes(tmp_path: Path, spark: Any) -> None:
+    from replay.engine.scan import FileCache
+
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    pq.write_table(_rows(1, [1, 2], [1, 2, 3, 4]), archive / "a.parquet")
+    pq.write_table(_rows(1, [2], [3, 4]), archive / "b.parquet")  # sequence 2 again: both copies hashed
+    config = parse_config({"archive": str(archive), "on_conflict": "keep_first"} | MAPPING)
+    cache = FileCache(tmp_path / "cache")
+
+    def scan() -> Any:
+        return scan_buffers(spark, inspect_schema(config), config, cache=cache)
+
+    first = scan()
+    assert first.copies_hashed == 2 and len(first.duplicates) == 1 and not first.conflicts
+    again = scan()
+    assert again.copies_hashed == 0 and again.buffers == first.buffers and again.duplicates == first.duplicates
+    assert again.spark_paths == first.spark_paths  # the path Spark reports, for the pass's join
+
+    # b.parquet rewritten in place with other content for sequence 2: its copy is hashed again, and
+    # the kept copy in a.parquet comes from the cache; the copies now conflict.
+    pq.write_table(_rows(1, [2], [3, 5]), archive / "b.parquet")
+    changed = scan()
+    assert changed.copies_hashed == 1
+    assert [(c.sequence, c.other_file) for c in changed.conflicts] == [(2, str(archive / "b.parquet"))]
+    assert not changed.duplicates
+
+
 def test_the_scan_reads_event_times_only_where_needed(tmp_path: Path, spark: Any) -> None:
     pq.write_table(_rows(1, [1], [1, 2]), tmp_path / "a.parquet")
     config = parse_config({"archive": str(tmp_path)} | MAPPING)

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FLOAT_SUM_TYPE",
+    "REST_START",
     "WindowColumns",
     "aggregated_types",
     "final_columns",
@@ -65,6 +66,11 @@ class WindowColumns:
     types: dict[str, DataType]
     range_start: int | None = None
     range_end: int | None = None
+
+
+#: The window start of ``partials``' group of rows that enter no window: below any window start an
+#: event time can have (timestamps reach back to year 1, about -6.2e16 microseconds).
+REST_START = -(2**63)
 
 
 def _q(name: str) -> str:
@@ -142,6 +148,7 @@ def partials(
     on_time: Column | None = None,
     extra: Sequence[Column] = (),
     first_batch: str | None = None,
+    rest_group: bool = False,
 ) -> DataFrame:
     """One partial row per (key, window start) over ``rows``.
 
@@ -152,7 +159,10 @@ def partials(
     through the aggregation, so ``extra`` aggregates can count every row in the same
     pass: each row appears once with ``_first`` true (sliding windows repeat rows). Groups
     with ``_rows == 0`` hold no window: callers drop them before merging. ``first_batch``: a
-    column whose smallest value over the window's member tuples becomes ``_fb``.
+    column whose smallest value over the window's member tuples becomes ``_fb``. With
+    ``rest_group`` the rows that are members of no window go to one group of their own (a null
+    key, window start ``REST_START``, ``_rows == 0``) instead of one group per (key, start): a
+    pass counts every row in its ``extra`` aggregates at the cost of one more group.
     """
     from pyspark.sql import functions as F
 
@@ -174,7 +184,10 @@ def partials(
         member = member & (shape.end(F.col("_start"), COLUMN_OPS) <= F.lit(cols.range_end))
     owned = F.col("_start") == owner_start(t, spec, cols)
     first = [] if first_batch is None else [F.min(F.when(member, F.col(_q(first_batch)))).alias("_fb")]
-    return assigned.groupBy(F.col(_q(cols.key)).alias("key"), F.col("_start").alias("window_start")).agg(
+    key, start = F.col(_q(cols.key)), F.col("_start")
+    if rest_group:
+        key, start = F.when(member, key), F.when(member, start).otherwise(F.lit(REST_START))
+    return assigned.groupBy(key.alias("key"), start.alias("window_start")).agg(
         *_partial_exprs(spec, cols, member, owned), *first, *extra
     )
 

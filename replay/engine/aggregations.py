@@ -104,8 +104,11 @@ class _Sum(_Count):
             return [*super().partial(i, value, data_type), F.sum(value.cast(kind)).cast(kind).alias(f"p{i}_s")]
         # Exact and order-independent, in 64-bit integer arithmetic: the integer parts, and the
         # fractional parts rounded to 1e-9. The values are the payload's own floats (never times).
+        # ``rint`` (to nearest, ties to even) is one floating-point instruction; Spark's ``round``
+        # goes through a BigDecimal per row (about 1 s per 10M values here). Either is a function
+        # of the value alone, which is all that order independence needs.
         whole = F.floor(value)
-        fraction = F.round((value - whole) * F.lit(float(FRACTION_SCALE))).cast("long")
+        fraction = F.rint((value - whole) * F.lit(float(FRACTION_SCALE))).cast("long")
         return [
             *super().partial(i, value, data_type),
             F.sum(whole.cast("long")).alias(f"p{i}_s"),

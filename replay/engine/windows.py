@@ -182,7 +182,10 @@ def partials(
         member = member & (F.col("_start") >= F.lit(cols.range_start))
     if cols.range_end is not None:
         member = member & (shape.end(F.col("_start"), COLUMN_OPS) <= F.lit(cols.range_end))
-    owned = F.col("_start") == owner_start(t, spec, cols)
+    # A tumbling window (one window per tuple) owns each of its members: the owner is ``_start``
+    # itself unless a backfill range caps it. Said so here, Spark does not compute it again per row.
+    trivial = shape.per_tuple == 1 and cols.range_end is None
+    owned = F.lit(True) if trivial else F.col("_start") == owner_start(t, spec, cols)
     first = [] if first_batch is None else [F.min(F.when(member, F.col(_q(first_batch)))).alias("_fb")]
     key, start = F.col(_q(cols.key)), F.col("_start")
     if rest_group:

@@ -55,7 +55,22 @@ __all__ = ["Batch", "RunContext", "fault", "process"]
 
 
 def fault(point: str, batch: int) -> None:
-    """Test hook: ``REPLAY_FAULT=<point>:<batch>`` kills this process with SIGKILL at that point."""
+    """Test hook: ``REPLAY_FAULT=<point>:<batch>`` kills this process with SIGKILL at that point.
+
+    The points, in the order a run reaches them (``batch`` is the run's first batch for the
+    first two, else the batch named):
+
+    - ``before_intent``: the run's batch cuts are planned, its intent not yet written;
+    - ``after_intent``: the intent is durable, no batch has started;
+    - ``before_batch``: the pass's Spark work is done (its files staged), batch ``N - 1`` is
+      committed and ``N`` not yet checked by the ledger;
+    - ``after_staging``: batch ``N``'s state and progress files are written, its log line and
+      commit not;
+    - ``during_commit``: the batch-log line is appended, the commit record not yet written.
+
+    ``tests/runner/test_job_crash.py`` kills a run at each of them and checks that the resumed
+    run's digests equal an uninterrupted run's.
+    """
     wanted = os.environ.get("REPLAY_FAULT")
     if wanted and wanted == f"{point}:{batch}":
         os.kill(os.getpid(), signal.SIGKILL)

@@ -145,10 +145,11 @@ def account(
     batch: int,
 ) -> None:
     """Check what Spark saw against the metadata scan, then add the batch to the ledger."""
+    ids = [buffer_copy_id(buf) for buf, _ in reads]  # a hash each: computed once
     expected_rows = sum(buf.rows for buf, _ in reads)
     expected_tuples = sum(buf.tuples for buf, _ in reads)
-    expected_lo = sum(buf.rows * (buffer_copy_id(buf) & 0xFFFFFFFF) for buf, _ in reads)
-    expected_hi = sum(buf.rows * (buffer_copy_id(buf) >> 32) for buf, _ in reads)
+    expected_lo = sum(buf.rows * (cid & 0xFFFFFFFF) for (buf, _), cid in zip(reads, ids, strict=True))
+    expected_hi = sum(buf.rows * (cid >> 32) for (buf, _), cid in zip(reads, ids, strict=True))
     counts = result.counts
     if reads and (
         counts is None
@@ -168,8 +169,8 @@ def account(
             where=Location(file=reads[0][0].file, extra={"batch": batch}),
             todo="nothing was committed for this batch; report this with the archive and the checkpoint",
         )
-    for buf, _ in reads:
-        ledger.processed_xor ^= buffer_copy_id(buf)
+    for cid in ids:
+        ledger.processed_xor ^= cid
     if counts is not None:
         for i in range(nkeys):
             ledger.late[i] += counts.late[i]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from replay.engine.archive import ArchiveLayout
 from replay.engine.archive_rows import time_micros
+from replay.engine.buffers import release_arrow_memory
 from replay.engine.passes import PassWork, Read, buffer_copy_id
 from replay.engine.slices import Slice, file_rows, read_slices
 
@@ -101,7 +102,10 @@ def _decision_frame(
     for i in range(nkeys):
         columns[f"d_thr{i}"] = pa.array([r.decision.thresholds[i] for r in reads], pa.int64())
         columns[f"d_reason{i}"] = pa.array([r.decision.reasons[i] for r in reads], pa.string())
-    return spark.createDataFrame(pa.table(columns))
+    frame = spark.createDataFrame(pa.table(columns))
+    del columns
+    release_arrow_memory()  # Spark holds the table now: what the driver built is given back
+    return frame
 
 
 def _few_rows(reads: Sequence[Read]) -> bool:

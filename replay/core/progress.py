@@ -168,12 +168,16 @@ class ProgressEngine(ProgressState):
                 if g > marks[index]:
                     marks[index], reasons[index] = g, BEHIND_GLOBAL
         thresholds = tuple(minus(w, k.allowed_lateness) for w, k in zip(marks, self.keys, strict=True))
+        if thresholds == self._thresholds:
+            thresholds = self._thresholds  # the previous decision's (arrival mode: G_k moves seldom)
+        self._thresholds = thresholds
+        shared = tuple(reasons)  # one tuple per combination of reasons, shared by the decisions
         return Decision(
             origin=buf.origin,
             sequence=buf.sequence,
             chunk=buf.chunk,
             thresholds=thresholds,
-            reasons=tuple(reasons),
+            reasons=self._reasons.setdefault(shared, shared),
         )
 
     def _apply(self, buf: Buffer, decisions: list[Decision]) -> None:

@@ -79,6 +79,10 @@ class ProgressState:
         self.global_wm = [NEG_INF] * len(self.keys)
         self._counted: list[tuple[int, ...]] = [() for _ in self.keys]
         self._window: list[tuple[int, int] | None] = [None for _ in self.keys]
+        # Not state: values the decisions share (one tuple per combination of reasons, and the
+        # previous decision's thresholds).
+        self._reasons: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._thresholds: tuple[int, ...] = ()
         self._origins: dict[int, OriginState] = {}
         self._clock: int | None = None
         self._deadline = NEVER  # arrival mode: the clock at which the next idle timeout fires

@@ -13,6 +13,7 @@ hashes) and conflicts handled per ``on_conflict``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
     from replay.core.config import JobConfig
 
-__all__ = ["Buffer", "BufferScan", "Conflict", "DuplicateCopy", "scan_buffers"]
+__all__ = ["Buffer", "BufferScan", "Conflict", "DuplicateCopy", "release_arrow_memory", "scan_buffers"]
 
 _CHUNK = 512  # records turned into Python objects at a time
 
@@ -52,15 +53,22 @@ class BufferScan:
 
 
 class _Shared:
-    """Equal values the driver keeps once across ``Buffer`` records: file paths, and the per-key
-    tuples of event-time bounds the scan did not read (all ``None``)."""
+    """Equal values the driver keeps once across ``Buffer`` records: file paths, sequence numbers,
+    row and tuple counts, and the per-key tuples of event-time bounds the scan did not read (all
+    ``None``)."""
 
     def __init__(self, nkeys: int) -> None:
         self.files: dict[str, str] = {}
+        self.numbers: dict[int, int] = {}
         self.unknown: tuple[None, ...] = (None,) * nkeys
 
     def file(self, path: str) -> str:
         return self.files.setdefault(path, path)
+
+    def number(self, value: int) -> int:
+        """Sequence numbers, row and tuple counts: each value is shared by many buffers (the
+        origins' sequences, the archiver's buffer size)."""
+        return self.numbers.setdefault(value, value)
 
     def times(self, values: tuple[int | None, ...]) -> tuple[int | None, ...]:
         return self.unknown if values == self.unknown else values
@@ -70,7 +78,7 @@ def _to_buffer(rec: dict[str, Any], layout: ArchiveLayout, content_hash: str, sh
     watermarks = record_watermarks(rec, layout)
     return Buffer(
         origin=rec["origin"],
-        sequence=rec["sequence"],
+        sequence=shared.number(rec["sequence"]),
         chunk=rec["chunk"],
         last_chunk=bool(rec["last_chunk_min"]),
         watermarks=tuple(watermarks),
@@ -78,8 +86,8 @@ def _to_buffer(rec: dict[str, Any], layout: ArchiveLayout, content_hash: str, sh
         max_event=shared.times(tuple(rec[f"ev{i}_max"] for i in range(len(layout.keys)))),
         ingest=rec.get("ingest_min"),
         idle=bool(rec.get("idle_min") or False),
-        tuples=rec["tuples"],
-        rows=rec["rows"],
+        tuples=shared.number(rec["tuples"]),
+        rows=shared.number(rec["rows"]),
         file=shared.file(rec["_file"]),
         row_start=rec["row_min"],
         content_hash=content_hash,
@@ -88,13 +96,24 @@ def _to_buffer(rec: dict[str, Any], layout: ArchiveLayout, content_hash: str, sh
 
 def _by_identity(records: pa.Table, layout: ArchiveLayout) -> pa.Table:
     """``records`` sorted by identity and, within one, first copy first: by ingest time (0 without
-    one), file path and row position; ``_repeated`` marks the copies of identities with several."""
+    one), file path and row position; ``_repeated`` marks the copies of identities with several.
+
+    Only the columns a ``Buffer`` is made from are kept (the checks have read the others), with
+    the file paths dictionary-encoded: the sorted copy is about half the records' size."""
     import numpy as np
 
     ingest = records["ingest_min"].fill_null(0) if layout.ingest_ts is not None else pa.repeat(0, records.num_rows)
-    ordered = records.append_column("_ingest", ingest).sort_by(
-        [(name, "ascending") for name in ("origin", "sequence", "chunk", "_ingest", "_file", "row_min")]
+    keys = pa.table({name: records[name] for name in ("origin", "sequence", "chunk", "_file", "row_min")})
+    order = pc.sort_indices(
+        keys.append_column("_ingest", ingest),
+        sort_keys=[(name, "ascending") for name in ("origin", "sequence", "chunk", "_ingest", "_file", "row_min")],
     )
+    del keys, ingest
+    kept = [name for name in records.column_names if name not in ("_file", "row_max")]
+    kept = [name for name in kept if not name.endswith(("_n", "_max")) or name.startswith("ev")]
+    narrow = pa.table({"_file": pc.dictionary_encode(records["_file"]), **{name: records[name] for name in kept}})
+    ordered = narrow.take(order)
+    del narrow, order
     same = np.zeros(ordered.num_rows, dtype=bool)  # the same identity as the previous copy
     if ordered.num_rows > 1:
         same[1:] = True
@@ -104,6 +123,18 @@ def _by_identity(records: pa.Table, layout: ArchiveLayout) -> pa.Table:
     repeated = same.copy()
     repeated[:-1] |= same[1:]
     return ordered.append_column("_repeated", pa.array(repeated))
+
+
+def _python_records(table: pa.Table) -> Iterator[dict[str, Any]]:
+    """``table``'s rows as dicts, made ``_CHUNK`` at a time (none of them kept once exhausted)."""
+    for chunk in table.to_batches(max_chunksize=_CHUNK):
+        yield from chunk.to_pylist()
+
+
+def release_arrow_memory() -> None:
+    """Give the memory Arrow freed back to the system: its allocator keeps freed pages for reuse,
+    and the driver's Python objects cannot use them."""
+    pa.default_memory_pool().release_unused()
 
 
 def scan_buffers(
@@ -139,9 +170,8 @@ def scan_buffers(
         )
     # The records stay columnar; Python sees them a chunk at a time (the driver's memory is one
     # ``Buffer`` per kept copy, not one dict per field of every record).
-    for chunk in records.to_batches(max_chunksize=_CHUNK):
-        for rec in chunk.to_pylist():
-            check_copy(rec, layout, config.chunk_base)
+    for rec in _python_records(records):
+        check_copy(rec, layout, config.chunk_base)
     rows_read = int(pc.sum(records["rows"]).as_py() or 0)
     tuples_read = int(pc.sum(records["tuples"]).as_py() or 0)
     ordered = _by_identity(records, layout)
@@ -150,6 +180,7 @@ def scan_buffers(
         for rec in ordered.filter(ordered["_repeated"]).to_pylist()
     ]
     del records
+    release_arrow_memory()
     hashes, spark_paths, hashed = cached_content_hashes(spark, layout, repeated, cache)
     shared = _Shared(len(layout.keys))
 
@@ -157,51 +188,52 @@ def scan_buffers(
     duplicates: list[DuplicateCopy] = []
     conflicts: list[Conflict] = []
     first: Buffer | None = None
-    for chunk in ordered.to_batches(max_chunksize=_CHUNK):
-        for rec in chunk.to_pylist():
-            other = _to_buffer(rec, layout, hashes.get((rec["_file"], rec["row_min"]), ""), shared)
-            if first is None or other.identity != first.identity:
-                first = other  # the first copy of an identity: by ingest time, file and row
-                kept.append(first)
-                continue
-            if other.content_hash == first.content_hash:
-                duplicates.append(
-                    DuplicateCopy(
-                        origin=other.origin,
-                        sequence=other.sequence,
-                        chunk=other.chunk,
-                        file=other.file,
-                        row_start=other.row_start,
-                        tuples=other.tuples,
-                        kept_file=first.file,
-                    )
+    for rec in _python_records(ordered):
+        other = _to_buffer(rec, layout, hashes.get((rec["_file"], rec["row_min"]), ""), shared)
+        if first is None or other.identity != first.identity:
+            first = other  # the first copy of an identity: by ingest time, file and row
+            kept.append(first)
+            continue
+        if other.content_hash == first.content_hash:
+            duplicates.append(
+                DuplicateCopy(
+                    origin=other.origin,
+                    sequence=other.sequence,
+                    chunk=other.chunk,
+                    file=other.file,
+                    row_start=other.row_start,
+                    tuples=other.tuples,
+                    kept_file=first.file,
                 )
-                continue
-            conflict = Conflict(
-                origin=other.origin,
-                sequence=other.sequence,
-                chunk=other.chunk,
-                kept_file=first.file,
-                kept_row=first.row_start,
-                other_file=other.file,
-                other_row=other.row_start,
-                other_tuples=other.tuples,
             )
-            if strict and config.on_conflict == "fail":
-                raise ConflictingDuplicateError(
-                    f"buffer archived twice with different content: in {first.file} (row {first.row_start}) "
-                    f"and {other.file} (row {other.row_start})",
-                    where=Location(
-                        origin=other.origin,
-                        sequence=other.sequence,
-                        chunk=other.chunk,
-                        file=first.file,
-                        extra={"other_file": other.file},
-                    ),
-                    todo="find out which copy is right and remove the other, or set 'on_conflict: keep_first' "
-                    "to keep the earliest copy (the conflict is still reported)",
-                )
-            conflicts.append(conflict)
+            continue
+        conflict = Conflict(
+            origin=other.origin,
+            sequence=other.sequence,
+            chunk=other.chunk,
+            kept_file=first.file,
+            kept_row=first.row_start,
+            other_file=other.file,
+            other_row=other.row_start,
+            other_tuples=other.tuples,
+        )
+        if strict and config.on_conflict == "fail":
+            raise ConflictingDuplicateError(
+                f"buffer archived twice with different content: in {first.file} (row {first.row_start}) "
+                f"and {other.file} (row {other.row_start})",
+                where=Location(
+                    origin=other.origin,
+                    sequence=other.sequence,
+                    chunk=other.chunk,
+                    file=first.file,
+                    extra={"other_file": other.file},
+                ),
+                todo="find out which copy is right and remove the other, or set 'on_conflict: keep_first' "
+                "to keep the earliest copy (the conflict is still reported)",
+            )
+        conflicts.append(conflict)
+    del ordered
+    release_arrow_memory()
     check_sequences(kept)
     return BufferScan(
         layout=layout,

@@ -12,11 +12,12 @@ Either way a discarded duplicate copy is never read as data.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from replay.engine.archive import ArchiveLayout
 from replay.engine.archive_rows import read_parquet, time_micros
+from replay.engine.buffers import release_arrow_memory
 from replay.engine.passes import PassWork, Read, buffer_copy_id
 from replay.engine.slices import Slice, file_rows, read_slices
 
@@ -67,28 +68,44 @@ def _decision_frame(
     spark_paths: Mapping[str, str],
     nkeys: int,
     bits: tuple[int, int, int] | None,
+    level: int,
 ) -> DataFrame:
-    """One row per copy read, built as an Arrow table (no per-row Python type checks); with
-    ``bits`` (``_packing``), its packed identity too."""
+    """One row per copy read, built as an Arrow table (no per-row Python type checks, and no
+    Python list per integer column: each is filled straight into a numpy array), with the columns
+    the join uses only: with ``bits`` (``_packing``), its packed identity, else its identity's
+    three columns; the copy's file from check ``level`` 1, its row range at level 2 (see
+    ``PassWork.check_level``)."""
+    import numpy as np
     import pyarrow as pa
 
-    columns: dict[str, pa.Array] = {
-        "d_file": pa.array([spark_paths.get(r.buf.file, r.buf.file) for r in reads], pa.string()),
-        "d_origin": pa.array([r.buf.origin for r in reads], pa.int64()),
-        "d_sequence": pa.array([r.buf.sequence for r in reads], pa.int64()),
-        "d_chunk": pa.array([r.buf.chunk for r in reads], pa.int64()),
-        "d_lo": pa.array([r.buf.row_start for r in reads], pa.int64()),
-        "d_hi": pa.array([r.buf.row_start + r.buf.rows - 1 for r in reads], pa.int64()),
-        "d_cid": pa.array([buffer_copy_id(r.buf) for r in reads], pa.int64()),
-        "d_check": pa.array([work.check_level(r.buf) for r in reads], pa.int32()),
-        "d_batch": pa.array([r.batch for r in reads], pa.int64()),
-    }
+    n = len(reads)
+
+    def longs(values: Iterator[int]) -> pa.Array:
+        return pa.array(np.fromiter(values, dtype=np.int64, count=n))
+
+    columns: dict[str, pa.Array] = {}
+    if level >= 1:
+        columns["d_file"] = pa.array([spark_paths.get(r.buf.file, r.buf.file) for r in reads], pa.string())
+    if bits is None:
+        columns["d_origin"] = longs(r.buf.origin for r in reads)
+        columns["d_sequence"] = longs(r.buf.sequence for r in reads)
+        columns["d_chunk"] = longs(r.buf.chunk for r in reads)
+    if level == 2:
+        columns["d_lo"] = longs(r.buf.row_start for r in reads)
+        columns["d_hi"] = longs(r.buf.row_start + r.buf.rows - 1 for r in reads)
+    columns["d_cid"] = longs(buffer_copy_id(r.buf) for r in reads)
+    if level >= 1:
+        columns["d_check"] = pa.array(np.fromiter((work.check_level(r.buf) for r in reads), dtype=np.int32, count=n))
+    columns["d_batch"] = longs(r.batch for r in reads)
     if bits is not None:
-        columns["d_id"] = pa.array([_pack(r.buf.origin, r.buf.sequence, r.buf.chunk, bits) for r in reads], pa.int64())
+        columns["d_id"] = longs(_pack(r.buf.origin, r.buf.sequence, r.buf.chunk, bits) for r in reads)
     for i in range(nkeys):
         columns[f"d_thr{i}"] = pa.array([r.decision.thresholds[i] for r in reads], pa.int64())
         columns[f"d_reason{i}"] = pa.array([r.decision.reasons[i] for r in reads], pa.string())
-    return spark.createDataFrame(pa.table(columns))
+    frame = spark.createDataFrame(pa.table(columns))
+    del columns
+    release_arrow_memory()  # Spark holds the table now: what the driver built is given back
+    return frame
 
 
 def _few_rows(reads: Sequence[Read]) -> bool:
@@ -134,7 +151,10 @@ def _joined(
     files = sorted({spark_paths.get(r.buf.file, r.buf.file) for r in reads})
     raw = read_parquet(spark, schema, files)
     bits = _packing(reads)
-    decisions = _decision_frame(spark, reads, work, spark_paths, nkeys, bits)
+    # A buffer with discarded copies elsewhere is matched by file too; when a copy shares its
+    # file, by row range as well. Row positions are read only then.
+    level = max((work.check_level(r.buf) for r in reads), default=0)
+    decisions = _decision_frame(spark, reads, work, spark_paths, nkeys, bits, level)
     located: list[Column] = []
     if bits is not None:
         identity = _packed(q(layout.origin_id), q(layout.sequence_number), q(layout.chunk_number), bits)
@@ -146,9 +166,6 @@ def _joined(
             & (q(layout.sequence_number).cast("long") == F.col("d_sequence"))
             & (q(layout.chunk_number).cast("long") == F.col("d_chunk"))
         )
-    # A buffer with discarded copies elsewhere is matched by file too; when a copy shares its
-    # file, by row range as well. Row positions are read only then.
-    level = max((work.check_level(r.buf) for r in reads), default=0)
     if level >= 1:
         located.append(F.col("_metadata.file_path").alias("_file"))
         same_copy = F.col("_file") == F.col("d_file")

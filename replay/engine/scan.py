@@ -353,7 +353,11 @@ def scan_records(
     spark: SparkSession, files: Sequence[str], columns: ScanColumns, cache: FileCache | None
 ) -> tuple[pa.Table, int]:
     """The per-copy records of ``files``, in ``files`` order: from ``cache`` where it holds them,
-    else scanned (and cached). Also returns how many files were scanned."""
+    else scanned (and cached). Also returns how many files were scanned.
+
+    The scanned records are put in file order once (no copy when Spark returned them so, as it
+    does); each file's records are then a slice of them, not a copy."""
+    import numpy as np
     import pyarrow.compute as pc
 
     found: dict[str, pa.Table] = {}
@@ -365,9 +369,19 @@ def scan_records(
         else:
             found[path] = cached
     fresh = scan_files(spark, missing, columns)
-    for path in missing:
-        found[path] = fresh.filter(pc.equal(fresh["_file"], path))
-        if cache is not None:
-            cache.put(path, columns, found[path])
+    if missing:
+        # Each record's file as its position in ``missing`` (records of another file, which the
+        # scan never gives, go last and belong to none).
+        position = pc.index_in(fresh["_file"], value_set=pa.array(missing, pa.string()))
+        index = position.fill_null(len(missing)).to_numpy()
+        order = np.argsort(index, kind="stable")
+        if (order != np.arange(len(order))).any():
+            fresh, index = fresh.take(order), index[order]
+        del position, order
+        bounds = np.searchsorted(index, np.arange(len(missing) + 1))
+        for at, path in enumerate(missing):
+            found[path] = fresh.slice(int(bounds[at]), int(bounds[at + 1] - bounds[at]))
+            if cache is not None:
+                cache.put(path, columns, found[path])
     schema = columns.record_schema()
     return pa.concat_tables([found[path] for path in files] or [schema.empty_table()]), len(missing)

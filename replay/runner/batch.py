@@ -36,6 +36,7 @@ from replay.core.config import JobConfig
 from replay.core.progress import Decision, ProgressSnapshot
 from replay.engine.aggregate import run_pass
 from replay.engine.archive import ArchiveLayout
+from replay.engine.buffers import release_arrow_memory
 from replay.engine.passes import PassWork, Read, Step, WorkResult, buffer_copy_id, copy_id
 from replay.engine.schemas import table_schemas
 from replay.runner.dedup import other_copies
@@ -111,7 +112,7 @@ class _Planned:
     token: str
     input: Batch
     snapshot: ProgressSnapshot
-    reads: list[tuple[Buffer, Decision]]  # decided copies whose tuples the batch reads
+    reads: list[Read]  # decided copies whose tuples the batch reads (the pass reads these objects)
     skipped: list[Buffer]  # decided copies a backfill range does not need
     engine: dict[str, Any]  # the engine's state after the batch, and the buffers it holds
     held: list[Buffer]
@@ -156,6 +157,7 @@ def process(
         committed.append(_commit(ctx, state, step, result, open_state, commit_carry, consumed))
     if results is not None:
         state.carry_reads = []  # the pass's open windows hold them now
+    release_arrow_memory()  # the decision table and the files written: none of it is kept
     return committed
 
 
@@ -172,12 +174,12 @@ def _plan(ctx: RunContext, state: State, batch_in: Batch, batch: int) -> tuple[_
         decisions += engine.finish()
     snapshot = engine.snapshot()
     start, end = ctx.range
-    reads: list[tuple[Buffer, Decision]] = []
+    reads: list[Read] = []
     skipped: list[Buffer] = []
     for d in decisions:
         buf = state.pending.pop((d.origin, d.sequence, d.chunk))
         if relevant(buf, start, end):
-            reads.append((buf, d))
+            reads.append(Read(buf=buf, decision=d, batch=batch))
         else:
             skipped.append(buf)
     values, held = engine.export_state()
@@ -225,13 +227,13 @@ def _tuple_work(
     """The pass's Spark work, per batch (``None``: none needed), and the open-window state the
     pass leaves (paths under the checkpoint)."""
     store = ctx.store
-    if not any(buf.tuples for step in planned for buf, _ in step.reads) and not moved:
+    if not any(r.buf.tuples for step in planned for r in step.reads) and not moved:
         # Nothing to aggregate (no reads, or punctuation only) and no watermark moved: no window
         # can change, so no Spark work.
         return None, open_before
     last = planned[-1]
     reads = [Read(buf=buf, decision=d, batch=0) for buf, d in state.carry_reads]
-    reads += [Read(buf=buf, decision=d, batch=step.batch) for step in planned for buf, d in step.reads]
+    reads += [r for step in planned for r in step.reads]
     work = PassWork(
         reads=reads,
         steps=[
@@ -275,8 +277,8 @@ def _commit(
     key_index = {k.name: i for i, k in enumerate(ctx.layout.keys)}
     _count_reads(state.ledger, step)
     if result is None:
-        for buf, _ in step.reads:
-            state.ledger.processed_xor ^= buffer_copy_id(buf)
+        for r in step.reads:
+            state.ledger.processed_xor ^= buffer_copy_id(r.buf)
     else:
         account(state.ledger, step.reads, result, ctx.config, key_index, len(ctx.layout.keys), batch)
     check_ledger(state.ledger, step.pending, ctx.config, key_index, batch)
@@ -326,11 +328,11 @@ def _commit(
     )
     fault("during_commit", batch)
     ctx.store.commit(record)
-    for buf in step.input.buffers:
-        state.known[buf.identity] = buf
-        state.known_copies.add((buf.file, buf.row_start))
+    # The batch's buffers and copies join the history in the batch log, not in ``known``: only the
+    # deduplication at a run's start reads the history, and keeping every buffer fed would grow
+    # the driver's memory with the run (``State.load_history`` reads them back when needed).
+    state.history_loaded = False
     state.discarded.extend(step.input.discarded)
-    state.known_copies |= {(c.file, c.row_start) for c in step.input.discarded}
     state.commit = record
     return record, progress
 
@@ -352,7 +354,7 @@ def _stage(
     write_parquet(progress_table(step.batch, step.snapshot), progress_file)
     _state.write_buffers(store.root / f"{stem}-buffers.parquet", step.input.buffers, nkeys)
     if carried:
-        _state.write_reads(store.root / step.reads_file, step.reads, nkeys)
+        _state.write_reads(store.root / step.reads_file, [(r.buf, r.decision) for r in step.reads], nkeys)
     discarded_rel = previous.discarded if previous else None
     if step.input.discarded:
         discarded_rel = f"{stem}-discarded.parquet"

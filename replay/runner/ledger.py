@@ -14,8 +14,7 @@ from typing import Any
 from replay.core.buffer import Buffer
 from replay.core.config import JobConfig
 from replay.core.errors import LedgerError, Location
-from replay.core.progress import Decision
-from replay.engine.passes import WorkResult, buffer_copy_id
+from replay.engine.passes import Read, WorkResult, buffer_copy_id
 
 __all__ = ["Ledger", "account", "check_ledger", "ledger_row"]
 
@@ -137,7 +136,7 @@ def ledger_row(
 
 def account(
     ledger: Ledger,
-    reads: Sequence[tuple[Buffer, Decision]],
+    reads: Sequence[Read],
     result: WorkResult,
     config: JobConfig,
     key_index: Mapping[str, int],
@@ -145,11 +144,11 @@ def account(
     batch: int,
 ) -> None:
     """Check what Spark saw against the metadata scan, then add the batch to the ledger."""
-    ids = [buffer_copy_id(buf) for buf, _ in reads]  # a hash each: computed once
-    expected_rows = sum(buf.rows for buf, _ in reads)
-    expected_tuples = sum(buf.tuples for buf, _ in reads)
-    expected_lo = sum(buf.rows * (cid & 0xFFFFFFFF) for (buf, _), cid in zip(reads, ids, strict=True))
-    expected_hi = sum(buf.rows * (cid >> 32) for (buf, _), cid in zip(reads, ids, strict=True))
+    ids = [buffer_copy_id(r.buf) for r in reads]  # a hash each: computed once
+    expected_rows = sum(r.buf.rows for r in reads)
+    expected_tuples = sum(r.buf.tuples for r in reads)
+    expected_lo = sum(r.buf.rows * (cid & 0xFFFFFFFF) for r, cid in zip(reads, ids, strict=True))
+    expected_hi = sum(r.buf.rows * (cid >> 32) for r, cid in zip(reads, ids, strict=True))
     counts = result.counts
     if reads and (
         counts is None
@@ -160,13 +159,13 @@ def account(
         raise LedgerError(
             f"Spark read {seen[0]} rows ({seen[1]} tuples) of the batch's {len(reads)} buffer copies, whose "
             f"scan counted {expected_rows} rows ({expected_tuples} tuples), or read other copies than those",
-            where=Location(file=reads[0][0].file, extra={"batch": batch}),
+            where=Location(file=reads[0].buf.file, extra={"batch": batch}),
             todo="a file changed while the run read it: let the archiver finish writing and run again",
         )
     if counts is not None and result.late_rows != sum(counts.late):
         raise LedgerError(
             f"the batch wrote {result.late_rows} rows to the late table but counted {sum(counts.late)} late tuples",
-            where=Location(file=reads[0][0].file, extra={"batch": batch}),
+            where=Location(file=reads[0].buf.file, extra={"batch": batch}),
             todo="nothing was committed for this batch; report this with the archive and the checkpoint",
         )
     for cid in ids:

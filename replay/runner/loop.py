@@ -294,6 +294,7 @@ class _Runner:
             return hashes
 
         new, discarded = deduplicate(scan, state, store, config, mode, hasher)
+        del scan  # the run's buffers are ``new`` and then the batches, each let go once its pass is done
 
         done = 0
         if intent is None:
@@ -319,6 +320,8 @@ class _Runner:
                     f"{len(new)} buffer(s) are cut again"
                 )
         participants = participants_of(new, layout)
+        new_buffers, new_tuples = len(new), sum(b.tuples for b in new)
+        del new
         ctx = RunContext(
             config=config,
             store=store,
@@ -349,9 +352,12 @@ class _Runner:
                 self._records = {b: r for b, r in self._records.items() if b in set(store.commits())}
                 batches_done += 1
                 self.event("batch", batches_done, len(plan))
+            for index in group:
+                plan[index] = []  # committed: the driver keeps no buffer of a pass done
+            del batches
         assert commit is not None
         return self._finish_version(
-            commit, batches=batches_done, buffers=len(new), tuples=sum(b.tuples for b in new), resumed=resumed
+            commit, batches=batches_done, buffers=new_buffers, tuples=new_tuples, resumed=resumed
         )
 
     def _finish_version(self, commit: Commit, *, batches: int, buffers: int, tuples: int, resumed: bool) -> RunSummary:

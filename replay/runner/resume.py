@@ -31,7 +31,9 @@ class State:
     ``known`` and ``known_copies`` (every buffer ever fed, and every copy consumed or discarded)
     are the history: read from the batch log's buffer records only when the scan meets an
     identity the engine has seen before (a re-delivered buffer, or a file that changed and was
-    read again), so that resuming costs the same after ten batches as after thousands.
+    read again), so that resuming costs the same after ten batches as after thousands. A commit
+    does not add its batch to them (it is in the batch log; ``history_loaded`` turns false): only
+    the deduplication at a run's start reads them, and the driver's memory stays flat.
     ``spark_paths``: the path Spark reports for a file, where it differs from the plain path.
     """
 

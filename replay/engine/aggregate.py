@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replay.core.config import JobConfig, WindowSpec
-from replay.core.window_kinds import shape_of
 from replay.engine.archive import ArchiveLayout
 from replay.engine.archive_rows import time_value
 from replay.engine.passes import Counts, PassWork, SpecCounts, Step, WorkResult
@@ -50,6 +49,7 @@ from replay.engine.windows import (
     merge,
     output_columns,
     owner_start,
+    owns_its_members,
     partials,
     window_end,
 )
@@ -304,8 +304,8 @@ def _count_terms(
     for s, spec in enumerate(specs):
         i, cols = key_index[spec.wm_key], spec_cols[s]
         t = F.col(f"_ev{i}")
-        if shape_of(spec).per_tuple == 1 and cols.range_start is None and cols.range_end is None:
-            terms.append((f"win{s}", one(F.col(f"_on{i}"))))  # a tumbling window holds its owner's tuple
+        if owns_its_members(spec, cols) and cols.range_start is None:
+            terms.append((f"win{s}", one(F.col(f"_on{i}"))))  # every on-time tuple has its owner window
             continue
         owner = owner_start(t, spec, cols)
         kept = F.col(f"_on{i}") & (window_end(owner, spec) > t)

@@ -231,8 +231,9 @@ def cached_content_hashes(
     spark_paths.update(paths)
     by_file: dict[str, dict[int, str]] = {}
     for (file, row), value in fresh.items():
-        by_file.setdefault(file, {})[row] = value
+        entry = known.get(file)
+        by_file.setdefault(file, dict(entry[1]) if entry is not None else {})[row] = value
     for file, values in by_file.items():
         if file in paths:
-            cache.put_hashes(file, digest, paths[file], values)
+            cache.put_hashes(file, digest, paths[file], values)  # the cached hashes and the new ones
     return hashes, spark_paths, len(missing)

@@ -263,8 +263,8 @@ class FileCache:
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def _entry(self, path: str) -> Path:
-        return self.root / (hashlib.sha256(path.encode()).hexdigest()[:32] + ".parquet")
+    def _entry(self, path: str, suffix: str = ".parquet") -> Path:
+        return self.root / (hashlib.sha256(path.encode()).hexdigest()[:32] + suffix)
 
     @classmethod
     def key(cls, path: str, columns: ScanColumns) -> str | None:
@@ -288,15 +288,12 @@ class FileCache:
         except (ValueError, pa.ArrowException):
             return None  # written by another version with other columns: scan the file again
 
-    def _hash_entry(self, path: str) -> Path:
-        return self.root / (hashlib.sha256(path.encode()).hexdigest()[:32] + ".hashes.json")
-
     def get_hashes(self, path: str, digest: str) -> tuple[str, dict[int, str]] | None:
         """The content hashes of the copies of ``path`` computed so far (by first row), under a
         hash ``digest`` (the columns the hash covers), with the path Spark reports for the file;
         ``None`` when the file changed since, or no hash of it is known."""
         key = self.key_of(path, digest)
-        entry = self._hash_entry(path)
+        entry = self._entry(path, ".hashes.json")
         if key is None or not entry.exists():
             return None
         try:
@@ -308,17 +305,16 @@ class FileCache:
             return None  # unreadable (a crash mid-write of another version): hash the copies again
 
     def put_hashes(self, path: str, digest: str, spark_path: str, hashes: dict[int, str]) -> None:
-        """Add ``hashes`` (content hash by first row) of ``path``'s copies to the cache."""
+        """Keep ``hashes`` (content hash by first row: every one known of ``path``'s copies, the
+        ones ``get_hashes`` gave included) as the cache's entry for ``path``."""
         key = self.key_of(path, digest)
         if key is None:
             return
-        known = self.get_hashes(path, digest)
-        merged = {**(known[1] if known is not None else {}), **hashes}
         self.root.mkdir(parents=True, exist_ok=True)
-        entry = self._hash_entry(path)
+        entry = self._entry(path, ".hashes.json")
         tmp = entry.with_suffix(".tmp")
         tmp.write_text(
-            json.dumps({"key": key, "spark_path": spark_path, "hashes": {str(r): h for r, h in sorted(merged.items())}})
+            json.dumps({"key": key, "spark_path": spark_path, "hashes": {str(r): h for r, h in sorted(hashes.items())}})
         )
         os.replace(tmp, entry)
 

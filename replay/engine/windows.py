@@ -46,6 +46,7 @@ __all__ = [
     "merge",
     "output_columns",
     "owner_start",
+    "owns_its_members",
     "partials",
     "window_end",
 ]
@@ -134,6 +135,12 @@ def owner_start(t: Column, spec: WindowSpec, cols: WindowColumns) -> Column:
     return start
 
 
+def owns_its_members(spec: WindowSpec, cols: WindowColumns) -> bool:
+    """Whether every window of ``spec`` owns each tuple it holds: a tumbling window (one window
+    per event time) without a backfill end, which could cap the owner at an earlier window."""
+    return shape_of(spec).per_tuple == 1 and cols.range_end is None
+
+
 def window_end(start: Column, spec: WindowSpec) -> Column:
     """The end of the window of ``spec`` starting at ``start`` (``WindowShape.end``)."""
     end: Column = shape_of(spec).end(start, COLUMN_OPS)
@@ -182,10 +189,8 @@ def partials(
         member = member & (F.col("_start") >= F.lit(cols.range_start))
     if cols.range_end is not None:
         member = member & (shape.end(F.col("_start"), COLUMN_OPS) <= F.lit(cols.range_end))
-    # A tumbling window (one window per tuple) owns each of its members: the owner is ``_start``
-    # itself unless a backfill range caps it. Said so here, Spark does not compute it again per row.
-    trivial = shape.per_tuple == 1 and cols.range_end is None
-    owned = F.lit(True) if trivial else F.col("_start") == owner_start(t, spec, cols)
+    # Said so, Spark does not compute the owner's start again per row.
+    owned = F.lit(True) if owns_its_members(spec, cols) else F.col("_start") == owner_start(t, spec, cols)
     first = [] if first_batch is None else [F.min(F.when(member, F.col(_q(first_batch)))).alias("_fb")]
     key, start = F.col(_q(cols.key)), F.col("_start")
     if rest_group:

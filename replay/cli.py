@@ -335,6 +335,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("py4j").setLevel(logging.WARNING)
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    from replay.engine.spark import driver_arrow_memory
+
+    driver_arrow_memory()  # before any Arrow memory is taken: see its docstring
     app()
 
 

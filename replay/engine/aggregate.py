@@ -238,7 +238,7 @@ def run_pass(
         for r in work.reads
         if r.batch > 0
         and r.buf.tuples
-        and any(lo is None or lo < thr for lo, thr in zip(r.buf.min_event, r.decision.thresholds, strict=True))
+        and any(lo is None or lo < thr for lo, thr in zip(r.buf.min_event, r.thresholds, strict=True))
     ]
     if candidates and rows_frame is not None:
         source = rows_frame

@@ -5,7 +5,7 @@ The metadata scan (``replay.engine.scan``) gives one record per copy of a buffer
 the metadata columns only, so driver memory grows with buffers, not tuples. The records stay
 an Arrow table: sorting by identity and finding the identities with several copies are Arrow
 work, and Python sees the records a few hundred at a time, so what the driver keeps is one
-compact ``Buffer`` per identity (file paths shared). On the driver the copies are checked
+packed ``Buffer`` per identity (``replay.core.buffer``; file paths shared). On the driver the copies are checked
 (identities, chunk numbering, last chunks: ``replay.engine.copy_checks``), deduplicated
 (identical copies, told apart from conflicting ones by ``replay.engine.copies``' content
 hashes) and conflicts handled per ``on_conflict``.
@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replay.core.buffer import Buffer, Conflict, DuplicateCopy
+from replay.core.buffer import NULL_TIME, Buffer, Conflict, DuplicateCopy, pack_buffers
 from replay.core.errors import ConflictingDuplicateError, EmptyArchiveError, Location
 from replay.engine.archive import ArchiveLayout
-from replay.engine.copies import cached_content_hashes, record_watermarks
+from replay.engine.copies import cached_content_hashes
 from replay.engine.copy_checks import check_copy, check_sequences
 from replay.engine.scan import FileCache, scan_columns, scan_records
 
@@ -52,45 +52,32 @@ class BufferScan:
     copies_hashed: int = 0  # copies whose payload was read for a content hash (the others: the file cache)
 
 
-class _Shared:
-    """Equal values the driver keeps once across ``Buffer`` records: file paths, sequence numbers,
-    row and tuple counts, and the per-key tuples of event-time bounds the scan did not read (all
-    ``None``)."""
+def _packed(ordered: pa.Table, layout: ArchiveLayout) -> tuple[bytes, int]:
+    """The records' ``Buffer`` fields packed (``replay.core.buffer.pack_buffers``), from their
+    columns: a key's watermark is its watermark column, or its copy's largest event time."""
 
-    def __init__(self, nkeys: int) -> None:
-        self.files: dict[str, str] = {}
-        self.numbers: dict[int, int] = {}
-        self.unknown: tuple[None, ...] = (None,) * nkeys
+    def column(name: str, null: int = NULL_TIME) -> Any:
+        if name not in ordered.column_names:
+            return pa.repeat(null, ordered.num_rows).to_numpy()
+        return ordered[name].fill_null(null).to_numpy()
 
-    def file(self, path: str) -> str:
-        return self.files.setdefault(path, path)
-
-    def number(self, value: int) -> int:
-        """Sequence numbers, row and tuple counts: each value is shared by many buffers (the
-        origins' sequences, the archiver's buffer size)."""
-        return self.numbers.setdefault(value, value)
-
-    def times(self, values: tuple[int | None, ...]) -> tuple[int | None, ...]:
-        return self.unknown if values == self.unknown else values
-
-
-def _to_buffer(rec: dict[str, Any], layout: ArchiveLayout, content_hash: str, shared: _Shared) -> Buffer:
-    watermarks = record_watermarks(rec, layout)
-    return Buffer(
-        origin=rec["origin"],
-        sequence=shared.number(rec["sequence"]),
-        chunk=rec["chunk"],
-        last_chunk=bool(rec["last_chunk_min"]),
-        watermarks=tuple(watermarks),
-        min_event=shared.times(tuple(rec[f"ev{i}_min"] for i in range(len(layout.keys)))),
-        max_event=shared.times(tuple(rec[f"ev{i}_max"] for i in range(len(layout.keys)))),
-        ingest=rec.get("ingest_min"),
-        idle=bool(rec.get("idle_min") or False),
-        tuples=shared.number(rec["tuples"]),
-        rows=shared.number(rec["rows"]),
-        file=shared.file(rec["_file"]),
-        row_start=rec["row_min"],
-        content_hash=content_hash,
+    fields = {
+        "origin": column("origin"),
+        "sequence": column("sequence"),
+        "chunk": column("chunk"),
+        "row_start": column("row_min"),
+        "tuples": column("tuples"),
+        "rows": column("rows"),
+        "ingest": column("ingest_min"),
+        "last_chunk": column("last_chunk_min", 0),
+        "idle": column("idle_min", 0),
+    }
+    keys = range(len(layout.keys))
+    return pack_buffers(
+        fields,
+        [column(f"wm{i}_min" if layout.keys[i].watermark is not None else f"ev{i}_max") for i in keys],
+        [column(f"ev{i}_min") for i in keys],
+        [column(f"ev{i}_max") for i in keys],
     )
 
 
@@ -182,14 +169,25 @@ def scan_buffers(
     del records
     release_arrow_memory()
     hashes, spark_paths, hashed = cached_content_hashes(spark, layout, repeated, cache)
-    shared = _Shared(len(layout.keys))
 
+    # Each record becomes a ``Buffer`` straight from its packed fields, with its file's one path
+    # string: no Python object per field of a record (``replay.core.buffer``).
+    records, width = _packed(ordered, layout)
+    paths = ordered["_file"].combine_chunks()
+    files, file_of = paths.dictionary.to_pylist(), paths.indices.to_numpy()
+    several = ordered["_repeated"].to_numpy(zero_copy_only=False)
+    del ordered
     kept: list[Buffer] = []
     duplicates: list[DuplicateCopy] = []
     conflicts: list[Conflict] = []
     first: Buffer | None = None
-    for rec in _python_records(ordered):
-        other = _to_buffer(rec, layout, hashes.get((rec["_file"], rec["row_min"]), ""), shared)
+    for i in range(len(file_of)):
+        other = Buffer.from_packed(records[i * width : (i + 1) * width], files[file_of[i]], "")
+        if not several[i]:
+            kept.append(other)  # the only copy of its identity
+            first = None
+            continue
+        other = other.replace(content_hash=hashes.get((other.file, other.row_start), ""))
         if first is None or other.identity != first.identity:
             first = other  # the first copy of an identity: by ingest time, file and row
             kept.append(first)
@@ -232,7 +230,7 @@ def scan_buffers(
                 "to keep the earliest copy (the conflict is still reported)",
             )
         conflicts.append(conflict)
-    del ordered
+    del records
     release_arrow_memory()
     check_sequences(kept)
     return BufferScan(

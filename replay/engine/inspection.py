@@ -185,7 +185,9 @@ def inspect_archive(
     Raises:
         ReplayError: unreadable files, schema errors, malformed buffers (docs/errors.md#bad-input).
     """
-    from replay.engine.spark import get_session, job_progress
+    from replay.engine.spark import driver_arrow_memory, get_session, job_progress
+
+    driver_arrow_memory()
 
     def step(name: str, done: int, total: int) -> None:
         if on_step is not None:

@@ -10,7 +10,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from replay.core.buffer import Buffer
-from replay.core.progress_records import Decision
 
 __all__ = [
     "Counts",
@@ -50,12 +49,15 @@ class Step:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Read:
-    """A copy whose tuples the pass reads, with its decision and the batch that decided it.
-    ``batch`` 0: a carried copy (decided and accounted for by a committed batch; its tuples
-    only rebuild the open windows, see ``PassWork.floor``)."""
+    """A copy whose tuples the pass reads, with its decision (``replay.core.progress.Decision``:
+    per key the lateness threshold of its tuples and the reason a late one is given) and the batch
+    that decided it. ``batch`` 0: a carried copy (decided and accounted for by a committed batch;
+    its tuples only rebuild the open windows, see ``PassWork.floor``). A run holds one per copy
+    its pass reads, so the decision's thresholds and reasons are kept, not the ``Decision``."""
 
     buf: Buffer
-    decision: Decision
+    thresholds: tuple[int, ...]
+    reasons: tuple[str, ...]
     batch: int
 
 

@@ -100,8 +100,8 @@ def _decision_frame(
     if bits is not None:
         columns["d_id"] = longs(_pack(r.buf.origin, r.buf.sequence, r.buf.chunk, bits) for r in reads)
     for i in range(nkeys):
-        columns[f"d_thr{i}"] = pa.array([r.decision.thresholds[i] for r in reads], pa.int64())
-        columns[f"d_reason{i}"] = pa.array([r.decision.reasons[i] for r in reads], pa.string())
+        columns[f"d_thr{i}"] = pa.array([r.thresholds[i] for r in reads], pa.int64())
+        columns[f"d_reason{i}"] = pa.array([r.reasons[i] for r in reads], pa.string())
     frame = spark.createDataFrame(pa.table(columns))
     del columns
     release_arrow_memory()  # Spark holds the table now: what the driver built is given back
@@ -131,7 +131,7 @@ def _sliced(spark: SparkSession, reads: Sequence[Read], schema: StructType, nkey
     for r in reads:
         values: list[Any] = [buffer_copy_id(r.buf), r.batch]
         for i in range(nkeys):
-            values += [r.decision.thresholds[i], r.decision.reasons[i]]
+            values += [r.thresholds[i], r.reasons[i]]
         slices.append((r.buf.file, r.buf.row_start, r.buf.rows, tuple(values)))
     return read_slices(spark, slices, schema, StructType(fields))
 

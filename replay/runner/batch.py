@@ -179,7 +179,7 @@ def _plan(ctx: RunContext, state: State, batch_in: Batch, batch: int) -> tuple[_
     for d in decisions:
         buf = state.pending.pop((d.origin, d.sequence, d.chunk))
         if relevant(buf, start, end):
-            reads.append(Read(buf=buf, decision=d, batch=batch))
+            reads.append(Read(buf=buf, thresholds=d.thresholds, reasons=d.reasons, batch=batch))
         else:
             skipped.append(buf)
     values, held = engine.export_state()
@@ -232,7 +232,7 @@ def _tuple_work(
         # can change, so no Spark work.
         return None, open_before
     last = planned[-1]
-    reads = [Read(buf=buf, decision=d, batch=0) for buf, d in state.carry_reads]
+    reads = [Read(buf=buf, thresholds=thr, reasons=why, batch=0) for buf, thr, why in state.carry_reads]
     reads += [r for step in planned for r in step.reads]
     work = PassWork(
         reads=reads,
@@ -354,7 +354,7 @@ def _stage(
     write_parquet(progress_table(step.batch, step.snapshot), progress_file)
     _state.write_buffers(store.root / f"{stem}-buffers.parquet", step.input.buffers, nkeys)
     if carried:
-        _state.write_reads(store.root / step.reads_file, [(r.buf, r.decision) for r in step.reads], nkeys)
+        _state.write_reads(store.root / step.reads_file, [(r.buf, r.thresholds, r.reasons) for r in step.reads], nkeys)
     discarded_rel = previous.discarded if previous else None
     if step.input.discarded:
         discarded_rel = f"{stem}-discarded.parquet"

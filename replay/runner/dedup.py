@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 
 from replay.core.config import JobConfig
 from replay.core.errors import ConflictingDuplicateError, Location
@@ -97,7 +96,7 @@ def deduplicate(
         if clock is not None:
             # Buffers that reach an incremental run with an ingest_ts before the checkpoint's
             # clock arrive now, for the replay (docs/semantics.md).
-            new = [b if b.ingest is None or b.ingest >= clock else replace(b, ingest=clock) for b in new]
+            new = [b if b.ingest is None or b.ingest >= clock else b.replace(ingest=clock) for b in new]
         new = arrival_order(new)
     else:
         new = sorted(new, key=lambda b: (b.sequence, b.origin, b.chunk))

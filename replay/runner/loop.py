@@ -44,6 +44,7 @@ from replay.engine.buffers import scan_buffers
 from replay.engine.copies import cached_content_hashes
 from replay.engine.inspection import participants_of
 from replay.engine.scan import FileCache
+from replay.engine.spark import driver_arrow_memory
 from replay.runner.batch import Batch, RunContext, fault, process
 from replay.runner.dedup import deduplicate
 from replay.runner.plan import cut_batches, file_stamp, plan_batches, plan_passes
@@ -145,6 +146,7 @@ def run(
         ReplayError: bad input (docs/errors.md#bad-input); nothing is committed for the failing batch.
     """
     began = time.perf_counter()
+    driver_arrow_memory()
     if not config.output:
         raise ConfigError(
             "the job has no output location",

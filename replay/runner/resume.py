@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from replay.core.buffer import Buffer
 from replay.core.config import JobConfig
 from replay.core.errors import CheckpointStateError, Location
-from replay.core.progress import Decision, ProgressEngine
+from replay.core.progress import ProgressEngine
 from replay.engine.archive import ArchiveLayout
 from replay.engine.inspection import engine_for
 from replay.runner.ledger import Ledger
@@ -47,7 +47,7 @@ class State:
     spark_paths: dict[str, str] = field(default_factory=dict)
     # The copies, with their decisions, whose on-time tuples complete the open windows of a commit
     # inside a pass (``Commit.carry``): the next pass reads them into its open windows again.
-    carry_reads: list[tuple[Buffer, Decision]] = field(default_factory=list)
+    carry_reads: list[tuple[Buffer, tuple[int, ...], tuple[str, ...]]] = field(default_factory=list)
     history_loaded: bool = True
     nkeys: int = 1
 

@@ -19,7 +19,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replay.core.buffer import Buffer
-from replay.core.progress_records import Decision
 
 __all__ = [
     "Discarded",
@@ -79,31 +78,26 @@ def _buffer_columns(buffers: Sequence[Buffer], nkeys: int) -> dict[str, pa.Array
     return columns
 
 
-def write_reads(path: Path, reads: Sequence[tuple[Buffer, Decision]], nkeys: int) -> None:
+def write_reads(path: Path, reads: Sequence[tuple[Buffer, Sequence[int], Sequence[str]]], nkeys: int) -> None:
     """Write the copies a batch read with their decisions (thresholds and reasons per key), in order."""
-    columns = _buffer_columns([buf for buf, _ in reads], nkeys)
+    columns = _buffer_columns([buf for buf, _, _ in reads], nkeys)
     for i in range(nkeys):
-        columns[f"thr{i}"] = pa.array([d.thresholds[i] for _, d in reads], type=pa.int64())
-        columns[f"reason{i}"] = pa.array([d.reasons[i] for _, d in reads], type=pa.string())
+        columns[f"thr{i}"] = pa.array([thresholds[i] for _, thresholds, _ in reads], type=pa.int64())
+        columns[f"reason{i}"] = pa.array([reasons[i] for _, _, reasons in reads], type=pa.string())
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table(columns), path)
 
 
-def read_reads(path: Path, nkeys: int) -> list[tuple[Buffer, Decision]]:
-    """The copies and decisions ``write_reads`` wrote to ``path``, in the same order."""
+def read_reads(path: Path, nkeys: int) -> list[tuple[Buffer, tuple[int, ...], tuple[str, ...]]]:
+    """The copies and decisions (thresholds, reasons) ``write_reads`` wrote to ``path``, in the same order."""
     with open(path, "rb") as handle:
         table = pq.read_table(handle).to_pydict()
     buffers = _buffers_of(table, nkeys)
     return [
         (
             buf,
-            Decision(
-                origin=buf.origin,
-                sequence=buf.sequence,
-                chunk=buf.chunk,
-                thresholds=tuple(table[f"thr{k}"][n] for k in range(nkeys)),
-                reasons=tuple(table[f"reason{k}"][n] for k in range(nkeys)),
-            ),
+            tuple(table[f"thr{k}"][n] for k in range(nkeys)),
+            tuple(table[f"reason{k}"][n] for k in range(nkeys)),
         )
         for n, buf in enumerate(buffers)
     ]
@@ -118,6 +112,7 @@ def read_buffers(path: Path, nkeys: int) -> list[Buffer]:
 
 def _buffers_of(table: Mapping[str, list[Any]], nkeys: int) -> list[Buffer]:
     out = []
+    files: dict[str, str] = {}  # one string per file, shared by its buffers
     for i in range(len(table["origin"])):
         out.append(
             Buffer(
@@ -132,7 +127,7 @@ def _buffers_of(table: Mapping[str, list[Any]], nkeys: int) -> list[Buffer]:
                 idle=table["idle"][i],
                 tuples=table["tuples"][i],
                 rows=table["rows"][i],
-                file=table["file"][i],
+                file=files.setdefault(table["file"][i], table["file"][i]),
                 row_start=table["row_start"][i],
                 content_hash=table["content_hash"][i],
             )

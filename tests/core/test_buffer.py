@@ -1,0 +1,107 @@
+"""``Buffer`` keeps its integer fields packed: every field reads back as it was given."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from replay.core.buffer import NULL_TIME, Buffer, pack_buffers
+
+# -2^63 is the packed form of a missing time (``NULL_TIME``): it reads back as ``None``.
+_INT64 = st.integers(min_value=-(2**63) + 1, max_value=2**63 - 1)
+_TIME = st.none() | _INT64
+
+
+@st.composite
+def _fields(draw: st.DrawFn, nkeys: int | None = None) -> dict[str, Any]:
+    nkeys = draw(st.integers(min_value=1, max_value=4)) if nkeys is None else nkeys
+    times = st.tuples(*[_TIME] * nkeys)
+    return {
+        "origin": draw(_INT64),
+        "sequence": draw(_INT64),
+        "chunk": draw(_INT64),
+        "last_chunk": draw(st.booleans()),
+        "watermarks": draw(times),
+        "min_event": draw(times),
+        "max_event": draw(times),
+        "ingest": draw(_TIME),
+        "idle": draw(st.booleans()),
+        "tuples": draw(_INT64),
+        "rows": draw(_INT64),
+        "file": draw(st.text(max_size=20)),
+        "row_start": draw(_INT64),
+        "content_hash": draw(st.sampled_from(["", "ab" * 16])),
+    }
+
+
+@given(_fields())
+def test_every_field_reads_back(fields: dict[str, Any]) -> None:
+    buf = Buffer(**fields)
+    assert buf.fields() == fields
+    assert buf.identity == (fields["origin"], fields["sequence"], fields["chunk"])
+    assert pickle.loads(pickle.dumps(buf)) == buf
+    assert buf.replace() == buf and hash(buf.replace()) == hash(buf)
+
+
+@given(_fields(), _fields())
+def test_equal_exactly_when_every_field_is(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert (Buffer(**a) == Buffer(**b)) == (a == b)
+
+
+@given(st.lists(_fields(nkeys=2), min_size=1, max_size=20))
+def test_packed_columns_are_the_buffers_of_their_rows(rows: list[dict[str, Any]]) -> None:
+    """``pack_buffers`` (the metadata scan's path: no Python object per value) packs each row as
+    the constructor does."""
+
+    def column(name: str) -> np.ndarray:
+        return np.array([NULL_TIME if r[name] is None else int(r[name]) for r in rows], dtype=np.int64)
+
+    def times(name: str, k: int) -> np.ndarray:
+        return np.array([NULL_TIME if r[name][k] is None else r[name][k] for r in rows], dtype=np.int64)
+
+    names = ("origin", "sequence", "chunk", "row_start", "tuples", "rows", "ingest", "last_chunk", "idle")
+    records, width = pack_buffers(
+        {name: column(name) for name in names},
+        [times("watermarks", k) for k in range(2)],
+        [times("min_event", k) for k in range(2)],
+        [times("max_event", k) for k in range(2)],
+    )
+    for i, row in enumerate(rows):
+        packed = Buffer.from_packed(records[i * width : (i + 1) * width], row["file"], row["content_hash"])
+        assert packed == Buffer(**row)
+        assert packed.fields() == row
+
+
+def test_immutable_and_checked() -> None:
+    fields = {
+        "origin": 1,
+        "sequence": 2,
+        "chunk": 0,
+        "last_chunk": True,
+        "watermarks": (10,),
+        "min_event": (None,),
+        "max_event": (None,),
+        "ingest": None,
+        "idle": False,
+        "tuples": 3,
+        "rows": 3,
+        "file": "a.parquet",
+        "row_start": 0,
+        "content_hash": "",
+    }
+    buf = Buffer(**fields)
+    with pytest.raises(AttributeError, match="immutable"):
+        buf.sequence = 3
+    assert buf.replace(ingest=5).ingest == 5 and buf.ingest is None
+    with pytest.raises(TypeError, match="no field"):
+        buf.replace(seq=3)
+    with pytest.raises(ValueError, match="64-bit"):
+        Buffer(**(fields | {"sequence": 2**63}))
+    with pytest.raises(ValueError, match="per key"):
+        Buffer(**(fields | {"min_event": (None, None)}))
+    assert "sequence=2" in repr(buf)

@@ -14,7 +14,10 @@ reaching the driver:
   time for the key (or, in a backfill, one outside the range);
 - late tuples are written to the ``late`` table, in the directory of the batch that
   decided them; on-time ones are reduced to window partials and merged with the open
-  windows carried in;
+  windows carried in. With one watermark key the late tuples travel through the first window
+  aggregation as groups of their own (``windows.partials``' ``late``), so the rows are read
+  once; with several, a tuple late for one key may be on time for another, and the late
+  tuples come from a second read of the rows;
 - a window is written to the ``windows`` table in the directory of the first batch of
   the pass whose effective watermark reached its end; the others become the open-window
   state the pass carries out;
@@ -139,6 +142,43 @@ def run_pass(
     # A pass of several batches groups them by batch in a branch of their own, a second read of the
     # rows' metadata columns (observing every batch's sums on every row cost more: 10M tuples in
     # 20 batches, 24 s against 13 to 15 s).
+    # Only copies whose smallest event time is below their threshold can hold a late tuple (a copy
+    # whose event times the scan did not read may); the late rows come from the pass's rows.
+    candidates = [
+        r
+        for r in work.reads
+        if r.batch > 0
+        and r.buf.tuples
+        and any(lo is None or lo < thr for lo, thr in zip(r.buf.min_event, r.thresholds, strict=True))
+    ]
+    late_names = [f.name for f in late_struct.fields]
+    late_rows: list[Column] = []  # per key: the row's ``late`` table values where it is late for it, else null
+    if candidates and rows_frame is not None:
+        for i, key in enumerate(layout.keys):
+            values = [
+                F.lit(key.name),
+                q(layout.origin_id).cast("long"),
+                q(layout.sequence_number).cast("long"),
+                q(layout.chunk_number).cast("long"),
+                *[
+                    time_value(rows_frame, name, layout.time_columns[name]) if name in layout.time_columns else q(name)
+                    for name in layout.payload
+                ],
+                F.timestamp_micros(F.col(f"d_thr{i}")),
+                F.col(f"d_reason{i}"),
+            ]
+            late_rows.append(
+                F.when(
+                    F.col(f"_late{i}") & (F.col("d_batch") > 0),
+                    F.struct(
+                        *[v.alias(n) for n, v in zip(late_names, values, strict=True)],
+                        F.col("d_batch").alias("_batch"),
+                    ),
+                )
+            )
+    # With one watermark key, the late tuples ride through the first window aggregation as groups
+    # of their own (``windows.partials``' ``late``): one read of the rows instead of two.
+    late_in_windows = bool(late_rows) and nkeys == 1 and bool(specs)
     terms = _count_terms(specs, spec_cols, key_index, nkeys) if rows_frame is not None else []
     metrics: Observation | None = None
     observed: DataFrame | None = None  # the rows with the batch's counts attached: in the plan exactly once
@@ -173,11 +213,19 @@ def run_pass(
         cols = spec_cols[s]
         pieces: list[DataFrame] = []
         previous = work.open_state.get(spec.name)
+        late_here = late_in_windows and s == 0 and rows_frame is not None  # late tuples ride in these partials
         if previous is not None:
             pieces.append(read_open(spark, previous).withColumn("_fb", F.lit(0).cast("long")))
         if rows_frame is not None and ride and s == 0:
             fresh = partials(
-                rows_frame, spec, cols, on_time=F.col(f"_on{i}"), first_batch="d_batch", extra=ride, rest_group=True
+                rows_frame,
+                spec,
+                cols,
+                on_time=F.col(f"_on{i}"),
+                first_batch="d_batch",
+                extra=ride,
+                rest_group=True,
+                late=late_rows[0] if late_in_windows else None,
             )
             assert metrics is not None
             b = steps[0].batch
@@ -185,34 +233,71 @@ def run_pass(
                 metrics,
                 *[F.coalesce(F.sum(f"_c_{name}"), F.lit(0)).cast("long").alias(f"{name}_{b}") for name, _ in terms],
             )
-            pieces.append(counted.where(F.col("_rows") > 0).drop(*[f"_c_{name}" for name, _ in terms]))
+            pieces.append(counted.where(_kept(late_in_windows)).drop(*[f"_c_{name}" for name, _ in terms]))
+        elif rows_frame is not None and late_in_windows and s == 0:
+            fresh = partials(
+                rows_frame,
+                spec,
+                cols,
+                on_time=F.col(f"_on{i}"),
+                first_batch="d_batch",
+                rest_group=True,
+                late=late_rows[0],
+            )
+            pieces.append(fresh.where(_kept(True)))
         elif rows_frame is not None:
             fresh = partials(rows_frame.where(F.col(f"_on{i}")), spec, cols, first_batch="d_batch")
             pieces.append(fresh.where(F.col("_rows") > 0))
         if not pieces:
             continue
+        if late_here and previous is not None:
+            late_type = pieces[-1].schema["_late"].dataType
+            pieces[0] = (
+                pieces[0].withColumn("_late", F.lit(None).cast(late_type)).withColumn("_late_n", F.lit(0).cast("long"))
+            )
         merged = (
             pieces[0]
             if len(pieces) == 1 and previous is None
-            else merge(pieces, spec, cols, extra=[F.min("_fb").alias("_fb")])
+            else merge(
+                pieces,
+                spec,
+                cols,
+                extra=[F.min("_fb").alias("_fb")] + ([F.sum("_late_n").alias("_late_n")] if late_here else []),
+                by=["_late"] if late_here else [],
+            )
         )
         end = window_end(F.col("window_start"), spec)
         if previous is not None or carried:
             # Windows ending by the floor were emitted by committed batches (their partials came
             # back with the carried copies' tuples or the open state): never again.
-            merged = merged.where(end > F.lit(work.floor[i]))
+            merged = merged.where((end > F.lit(work.floor[i])) | _kept(late_here, windows=False))
         due = _due_batch(end, steps, i)
-        state_names = [c for c in merged.columns if c != "_fb"]
+        state_names = [c for c in merged.columns if c not in ("_fb", "_late", "_late_n")]
+        part = F.when(due.isNull(), F.lit(f"open:{s}")).otherwise(F.concat(F.lit(f"windows:{s}:"), due.cast("string")))
+        late_columns: list[Column] = []
+        if late_here:
+            # A late tuple's group is one row: repeated as many times as the tuple occurs.
+            merged = merged.withColumn(
+                "_l",
+                F.explode(
+                    F.array_repeat(
+                        F.col("_late"), F.when(F.col("_late").isNull(), 1).otherwise(F.col("_late_n")).cast("int")
+                    )
+                ),
+            )
+            part = F.when(
+                F.col("_l").isNotNull(), F.concat(F.lit("late:"), F.col("_l._batch").cast("string"))
+            ).otherwise(part)
+            late_columns = [F.col(f"_l.{n}").alias(f"l_{n}") for n in late_names]
         branch = merged.select(
-            F.when(due.isNull(), F.lit(f"open:{s}"))
-            .otherwise(F.concat(F.lit(f"windows:{s}:"), due.cast("string")))
-            .alias("_part"),
+            part.alias("_part"),
             F.col("_owned"),
             # The sink counts windows by the first batch with a tuple in them (0: carried in), so
             # that each batch's open windows are known without another pass over them.
             F.col("_fb").alias("_first"),
             *[F.col(c).alias(f"s{s}_{c}") for c in state_names],
             *[e.alias(f"w_{name}") for name, e in zip(final_names, final_columns(spec, cols, columns), strict=True)],
+            *late_columns,
         )
         branches.append(branch)
         for step in steps:
@@ -231,37 +316,18 @@ def run_pass(
             observed.groupBy().agg(F.count(F.lit(1)).alias("_owned")).select(F.lit("_counted").alias("_part"), "_owned")
         )
 
-    # Only copies whose smallest event time is below their threshold can hold a late tuple (a copy
-    # whose event times the scan did not read may); the late rows come from the pass's rows.
-    candidates = [
-        r
-        for r in work.reads
-        if r.batch > 0
-        and r.buf.tuples
-        and any(lo is None or lo < thr for lo, thr in zip(r.buf.min_event, r.thresholds, strict=True))
-    ]
-    if candidates and rows_frame is not None:
-        source = rows_frame
-        late_names = [f.name for f in late_struct.fields]
-        for i, key in enumerate(layout.keys):
-            values = [
-                F.lit(key.name),
-                q(layout.origin_id).cast("long"),
-                q(layout.sequence_number).cast("long"),
-                q(layout.chunk_number).cast("long"),
-                *[
-                    time_value(source, name, layout.time_columns[name]) if name in layout.time_columns else q(name)
-                    for name in layout.payload
-                ],
-                F.timestamp_micros(F.col(f"d_thr{i}")),
-                F.col(f"d_reason{i}"),
-            ]
-            branches.append(
-                source.where(F.col(f"_late{i}") & (F.col("d_batch") > 0)).select(
-                    F.concat(F.lit("late:"), F.col("d_batch").cast("string")).alias("_part"),
-                    *[v.alias(f"l_{n}") for n, v in zip(late_names, values, strict=True)],
+    if late_rows:
+        if not late_in_windows:
+            # A second read of the rows (several keys: a tuple late for one key can be on time for another).
+            for late in late_rows:
+                branches.append(
+                    rows_frame.where(late.isNotNull())  # type: ignore[union-attr]
+                    .select(late.alias("_l"))
+                    .select(
+                        F.concat(F.lit("late:"), F.col("_l._batch").cast("string")).alias("_part"),
+                        *[F.col(f"_l.{n}").alias(f"l_{n}") for n in late_names],
+                    )
                 )
-            )
         for step in steps:
             parts[f"late:{step.batch}"] = Part(
                 step.late_dir, tuple((f"l_{n}", n) for n in late_names), _arrow_schema(late_struct)
@@ -281,6 +347,15 @@ def run_pass(
                 observed_counts.update({f"{name}_{row['batch']}": value for name, value in row.items()})
     shutil.rmtree(work.counts_dir, ignore_errors=True)
     return _results(work, specs, nkeys, written, observed_counts)
+
+
+def _kept(late: bool, *, windows: bool = True) -> Column:
+    """The partial groups a pass keeps: the windows (``_rows > 0``; with ``windows=False``, none)
+    and, with ``late``, the late tuples' groups (``windows.partials``)."""
+    from pyspark.sql import functions as F
+
+    kept = F.col("_rows") > 0 if windows else F.lit(False)
+    return kept | F.col("_late").isNotNull() if late else kept
 
 
 def _count_terms(

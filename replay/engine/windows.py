@@ -156,6 +156,7 @@ def partials(
     extra: Sequence[Column] = (),
     first_batch: str | None = None,
     rest_group: bool = False,
+    late: Column | None = None,
 ) -> DataFrame:
     """One partial row per (key, window start) over ``rows``.
 
@@ -169,7 +170,12 @@ def partials(
     column whose smallest value over the window's member tuples becomes ``_fb``. With
     ``rest_group`` the rows that are members of no window go to one group of their own (a null
     key, window start ``REST_START``, ``_rows == 0``) instead of one group per (key, start): a
-    pass counts every row in its ``extra`` aggregates at the cost of one more group.
+    pass counts every row in its ``extra`` aggregates at the cost of one more group. ``late``
+    (with ``rest_group``): per row, a struct of what the ``late`` table keeps of it when the row
+    is a late tuple, else null. It is one more grouping column, ``_late``: each distinct late
+    tuple is a group of its own (``_rows == 0``) with ``_late_n``, how many times it occurs, so
+    the late tuples leave the pass's one read through this aggregation and no second read of
+    the rows is needed; the other groups have a null ``_late``.
     """
     from pyspark.sql import functions as F
 
@@ -195,21 +201,28 @@ def partials(
     key, start = F.col(_q(cols.key)), F.col("_start")
     if rest_group:
         key, start = F.when(member, key), F.when(member, start).otherwise(F.lit(REST_START))
-    return assigned.groupBy(key.alias("key"), start.alias("window_start")).agg(
-        *_partial_exprs(spec, cols, member, owned), *first, *extra
-    )
+    keys = [key.alias("key"), start.alias("window_start")]
+    if late is not None:
+        keys.append(late.alias("_late"))
+        first.append(F.count(F.when(F.col("_first"), late)).alias("_late_n"))
+    return assigned.groupBy(*keys).agg(*_partial_exprs(spec, cols, member, owned), *first, *extra)
 
 
 def merge(
-    parts: Sequence[DataFrame], spec: WindowSpec, cols: WindowColumns, *, extra: Sequence[Column] = ()
+    parts: Sequence[DataFrame],
+    spec: WindowSpec,
+    cols: WindowColumns,
+    *,
+    extra: Sequence[Column] = (),
+    by: Sequence[str] = (),
 ) -> DataFrame:
-    """Merge partial frames (same columns as ``partials``) per (key, window start); ``extra``:
-    more aggregates over the partials' own columns."""
+    """Merge partial frames (same columns as ``partials``) per (key, window start) and the
+    columns ``by``; ``extra``: more aggregates over the partials' own columns."""
     frames = list(parts)
     union = frames[0]
     for frame in frames[1:]:
         union = union.unionByName(frame)
-    return union.groupBy("key", "window_start").agg(*_merge_exprs(spec, cols), *extra)
+    return union.groupBy("key", "window_start", *by).agg(*_merge_exprs(spec, cols), *extra)
 
 
 def _final(agg: Aggregation, i: int, cols: WindowColumns) -> Column:

@@ -134,14 +134,6 @@ def run_pass(
         )
         for s, spec in enumerate(specs)
     }
-    # Each batch's counts for the ledger. In a pass of one batch they ride with the first window
-    # aggregation's partials: every row goes through its aggregation (the rows that enter no window
-    # in one extra group), each count is one more sum there, and only the groups' sums are observed
-    # (``DataFrame.observe``). Observing every row instead cost about 1 s of a 10M-tuple pass: Spark
-    # observes rows outside its generated code. Without a window aggregation the rows are observed.
-    # A pass of several batches groups them by batch in a branch of their own, a second read of the
-    # rows' metadata columns (observing every batch's sums on every row cost more: 10M tuples in
-    # 20 batches, 24 s against 13 to 15 s).
     # Only copies whose smallest event time is below their threshold can hold a late tuple (a copy
     # whose event times the scan did not read may); the late rows come from the pass's rows.
     candidates = [
@@ -179,6 +171,15 @@ def run_pass(
     # With one watermark key, the late tuples ride through the first window aggregation as groups
     # of their own (``windows.partials``' ``late``): one read of the rows instead of two.
     late_in_windows = bool(late_rows) and nkeys == 1 and bool(specs)
+    # Each batch's counts for the ledger. In a pass of one batch they ride with the first window
+    # aggregation's partials: every row goes through its aggregation (the rows that enter no window
+    # in one extra group), each count is one more sum there, and only the groups' sums are observed
+    # (``DataFrame.observe``). Observing every row instead cost about 1 s of a 10M-tuple pass: Spark
+    # observes rows outside its generated code. Without a window aggregation the rows are observed.
+    # A pass of several batches groups them by batch in a branch of their own, a second read of the
+    # rows' metadata columns (observing every batch's sums on every row cost more: 10M tuples in
+    # 20 batches, 24 s against 13 to 15 s; so did grouping the partials by batch as well, whose
+    # two consumers Spark did not compute once: docs/performance.md).
     terms = _count_terms(specs, spec_cols, key_index, nkeys) if rows_frame is not None else []
     metrics: Observation | None = None
     observed: DataFrame | None = None  # the rows with the batch's counts attached: in the plan exactly once
@@ -319,9 +320,10 @@ def run_pass(
     if late_rows:
         if not late_in_windows:
             # A second read of the rows (several keys: a tuple late for one key can be on time for another).
+            assert rows_frame is not None  # late rows are made from it
             for late in late_rows:
                 branches.append(
-                    rows_frame.where(late.isNotNull())  # type: ignore[union-attr]
+                    rows_frame.where(late.isNotNull())
                     .select(late.alias("_l"))
                     .select(
                         F.concat(F.lit("late:"), F.col("_l._batch").cast("string")).alias("_part"),

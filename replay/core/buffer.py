@@ -6,6 +6,7 @@ One record per buffer identity (origin, sequence, chunk), made by the metadata s
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +23,6 @@ __all__ = ["NULL_TIME", "Buffer", "Conflict", "DuplicateCopy", "pack_buffers"]
 NULL_TIME = _NULL = -(2**63)
 _HEAD = struct.Struct("<7qB")  # origin, sequence, chunk, row start, tuples, rows, ingest; flags
 _LAST_CHUNK, _IDLE = 1, 2
-_PER_KEY: dict[int, struct.Struct] = {}  # key count -> the packing of watermarks, min and max event times
 _NAMES = (
     "origin",
     "sequence",
@@ -41,11 +41,10 @@ _NAMES = (
 )
 
 
+@functools.cache
 def _keys(n: int) -> struct.Struct:
-    packing = _PER_KEY.get(n)
-    if packing is None:
-        packing = _PER_KEY[n] = struct.Struct(f"<{3 * n}q")
-    return packing
+    """The packing of ``n`` keys' watermarks, min and max event times."""
+    return struct.Struct(f"<{3 * n}q")
 
 
 def _times(values: tuple[int, ...]) -> tuple[int | None, ...]:

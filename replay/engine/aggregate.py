@@ -217,7 +217,9 @@ def run_pass(
         late_here = late_in_windows and s == 0 and rows_frame is not None  # late tuples ride in these partials
         if previous is not None:
             pieces.append(read_open(spark, previous).withColumn("_fb", F.lit(0).cast("long")))
-        if rows_frame is not None and ride and s == 0:
+        if rows_frame is not None and s == 0 and (ride or late_in_windows):
+            # Every row through this aggregation: the ledger's counts ride in it (one batch), the
+            # late tuples in groups of their own (one key), the other rows in the rest group.
             fresh = partials(
                 rows_frame,
                 spec,
@@ -226,26 +228,17 @@ def run_pass(
                 first_batch="d_batch",
                 extra=ride,
                 rest_group=True,
-                late=late_rows[0] if late_in_windows else None,
+                late=late_rows[0] if late_here else None,
             )
-            assert metrics is not None
-            b = steps[0].batch
-            counted = fresh.observe(
-                metrics,
-                *[F.coalesce(F.sum(f"_c_{name}"), F.lit(0)).cast("long").alias(f"{name}_{b}") for name, _ in terms],
-            )
-            pieces.append(counted.where(_kept(late_in_windows)).drop(*[f"_c_{name}" for name, _ in terms]))
-        elif rows_frame is not None and late_in_windows and s == 0:
-            fresh = partials(
-                rows_frame,
-                spec,
-                cols,
-                on_time=F.col(f"_on{i}"),
-                first_batch="d_batch",
-                rest_group=True,
-                late=late_rows[0],
-            )
-            pieces.append(fresh.where(_kept(True)))
+            if ride:
+                assert metrics is not None
+                b = steps[0].batch
+                fresh = fresh.observe(
+                    metrics,
+                    *[F.coalesce(F.sum(f"_c_{name}"), F.lit(0)).cast("long").alias(f"{name}_{b}") for name, _ in terms],
+                ).drop(*[f"_c_{name}" for name, _ in terms])
+            kept = F.col("_rows") > 0
+            pieces.append(fresh.where(kept | F.col("_late").isNotNull() if late_here else kept))
         elif rows_frame is not None:
             fresh = partials(rows_frame.where(F.col(f"_on{i}")), spec, cols, first_batch="d_batch")
             pieces.append(fresh.where(F.col("_rows") > 0))
@@ -271,7 +264,8 @@ def run_pass(
         if previous is not None or carried:
             # Windows ending by the floor were emitted by committed batches (their partials came
             # back with the carried copies' tuples or the open state): never again.
-            merged = merged.where((end > F.lit(work.floor[i])) | _kept(late_here, windows=False))
+            after_floor = end > F.lit(work.floor[i])
+            merged = merged.where(after_floor | F.col("_late").isNotNull() if late_here else after_floor)
         due = _due_batch(end, steps, i)
         state_names = [c for c in merged.columns if c not in ("_fb", "_late", "_late_n")]
         part = F.when(due.isNull(), F.lit(f"open:{s}")).otherwise(F.concat(F.lit(f"windows:{s}:"), due.cast("string")))
@@ -349,15 +343,6 @@ def run_pass(
                 observed_counts.update({f"{name}_{row['batch']}": value for name, value in row.items()})
     shutil.rmtree(work.counts_dir, ignore_errors=True)
     return _results(work, specs, nkeys, written, observed_counts)
-
-
-def _kept(late: bool, *, windows: bool = True) -> Column:
-    """The partial groups a pass keeps: the windows (``_rows > 0``; with ``windows=False``, none)
-    and, with ``late``, the late tuples' groups (``windows.partials``)."""
-    from pyspark.sql import functions as F
-
-    kept = F.col("_rows") > 0 if windows else F.lit(False)
-    return kept | F.col("_late").isNotNull() if late else kept
 
 
 def _count_terms(

@@ -86,6 +86,7 @@ class ProgressEngine(ProgressState):
         origin mode a buffer of sequence ``s`` is decided once ``s - 1`` is in the prefix.
         """
         decisions: list[Decision] = []
+        self._floor = list(self.global_wm)  # a batch begins: ``finish`` decides against this too
         for buf in buffers:
             if self.mode == Lateness.ARRIVAL:
                 if buf.ingest is None:
@@ -156,15 +157,17 @@ class ProgressEngine(ProgressState):
     def _decide(self, buf: Buffer, watermarks: Sequence[int], reason: str) -> Decision:
         """Thresholds ``watermark - allowed_lateness`` per key: ``G_k`` (arrival) or ``W_k(o, s - 1)`` (origin).
 
-        In origin mode the threshold is never below ``G_k`` as it stood before this feed: for
-        an origin that counts in ``G_k`` that changes nothing (``W_k(o, s - 1) >= L_k(o) >= G_k``
-        for every buffer not yet decided), and for one left out (an origin that joined in a
-        later run) it keeps its tuples out of windows already emitted (docs/semantics.md).
+        In origin mode the threshold is never below ``G_k`` as it stood when the batch began (for
+        the buffers ``finish`` decides too, though the feed before it moved ``G_k``): for an origin
+        that counts in ``G_k`` that changes nothing (``W_k(o, s - 1) >= L_k(o) >= G_k`` for every
+        buffer not yet decided), and for one left out (an origin that joined in a later run) it
+        keeps its tuples out of windows already emitted (docs/semantics.md), which are those
+        emitted by earlier batches.
         """
         marks = list(watermarks)
         reasons = [reason] * len(self.keys)
         if reason == BEHIND_ORIGIN:
-            for index, g in enumerate(self.global_wm):
+            for index, g in enumerate(self._floor):
                 if g > marks[index]:
                     marks[index], reasons[index] = g, BEHIND_GLOBAL
         thresholds = tuple(minus(w, k.allowed_lateness) for w, k in zip(marks, self.keys, strict=True))

@@ -77,6 +77,8 @@ class ProgressState:
         self.expected = frozenset(expected_origins)
         self.participants = [set(participants.get(k.name, ())) | set(self.expected) for k in self.keys]
         self.global_wm = [NEG_INF] * len(self.keys)
+        # ``G_k`` when the current batch began: the floor of origin-mode thresholds (``_decide``).
+        self._floor = list(self.global_wm)
         self._counted: list[tuple[int, ...]] = [() for _ in self.keys]
         self._window: list[tuple[int, int] | None] = [None for _ in self.keys]
         # Not state: values the decisions share (one tuple per combination of reasons, and the
@@ -172,6 +174,7 @@ class ProgressState:
             )
         self.participants = [set(p) for p in values["participants"]]
         self.global_wm = list(values["global_wm"])
+        self._floor = list(self.global_wm)
         self._counted = [tuple(c) for c in values["counted"]]
         self._window = [(w[0], w[1]) if w is not None else None for w in values["window"]]
         self._clock = values["clock"]

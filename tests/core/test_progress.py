@@ -183,6 +183,24 @@ def test_gap_skip_closes_at_end_of_run() -> None:
     assert {d.sequence: d.thresholds[0] for d in decided} == {1: NEG_INF, 3: 10, 4: 30, 6: 30}
 
 
+def test_the_end_of_run_decides_against_the_global_watermark_the_batch_began_with() -> None:
+    # Origin 2 carries no watermark (it takes no part in G_k); its sequence 3 waits behind a gap
+    # that the end of the run closes. The batch began with G_k at minus infinity, and only windows
+    # emitted by earlier batches must be kept out of: the feed moving G_k to 40 does not make the
+    # tuples of sequence 3 late.
+    eng = engine("origin", origins=(1,), gap_policy="skip")
+    decided = eng.feed([buf(1, 1, wm=40), buf(2, 1), buf(2, 3)])
+    assert eng.snapshot().key("default").global_watermark == 40
+    decided += eng.finish()
+    assert {(d.origin, d.sequence): (d.thresholds[0], d.reasons[0]) for d in decided} == {
+        (1, 1): (NEG_INF, BEHIND_ORIGIN),
+        (2, 1): (NEG_INF, BEHIND_ORIGIN),
+        (2, 3): (NEG_INF, BEHIND_ORIGIN),
+    }
+    # In the next batch, G_k as it stands (40) is the floor for origin 2's tuples.
+    assert [(d.thresholds[0], d.reasons[0]) for d in eng.feed([buf(2, 4)])] == [(40, BEHIND_GLOBAL)]
+
+
 def test_gap_wait_keeps_pending() -> None:
     eng = engine("origin")
     eng.feed([buf(1, 1, wm=10), buf(1, 3, wm=30)])

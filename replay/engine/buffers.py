@@ -163,7 +163,7 @@ def scan_buffers(
     tuples_read = int(pc.sum(records["tuples"]).as_py() or 0)
     ordered = _by_identity(records, layout)
     repeated = [
-        (rec["_file"], rec["origin"], rec["sequence"], rec["chunk"], rec["row_min"])
+        (rec["_file"], rec["origin"], rec["sequence"], rec["chunk"], rec["row_min"], rec["rows"])
         for rec in ordered.filter(ordered["_repeated"]).to_pylist()
     ]
     del records

@@ -1,190 +1,330 @@
 """A copy's content hash (docs/archive.md#copies-duplicates-and-conflicts): equal for identical copies
 of a buffer, different for conflicting ones.
 
-One Spark aggregation turns the rows of chosen copies (a *copy* is a contiguous run of rows of one
-buffer identity in one file) into one record per copy: row and tuple counts, the metadata values,
-per-key event time bounds and sums of the rows' 64-bit hashes, a hash over the multiset of rows.
-Only these records reach the driver, never tuples. The payload is read only here, and only for
-identities with more than one copy: the metadata scan (``replay.engine.scan``) reads the other
-columns, and ``replay.engine.buffers`` deduplicates by the hashes ``content_hashes`` gives.
+Only identities with more than one copy are hashed (a buffer archived twice, or archived again after
+it was replayed); the metadata scan (``replay.engine.scan``) reads the other columns of every copy,
+and ``replay.engine.buffers`` deduplicates by the hashes ``content_hashes`` gives.
+
+The hashing runs in Spark tasks like the scan: ``mapInArrow`` over the files that hold such copies,
+one file per task at a time, pyarrow inside. A task reads only the row groups around the copies'
+row ranges, checks that each range still holds its copy (the identity on every row of it, and not on
+the rows next to it), and returns one hash per copy: only the hashes reach the driver, never tuples.
+
+A copy's content is its row and tuple counts, its last-chunk and idle flags, its watermark per key,
+and the multiset of its rows' payload values. Each row is encoded as bytes (every value
+length-prefixed, a null as its own mark, so the encoding is unambiguous), the rows are sorted, and
+the hash covers them in that order: the order of a buffer's rows in its file does not matter.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
+from replay.core.errors import ArchiveReadError, Location
 from replay.core.paths import local_path
 from replay.engine.archive import ArchiveLayout
-from replay.engine.archive_rows import read_rows, time_micros
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
     from replay.engine.scan import FileCache
 
-__all__ = ["cached_content_hashes", "content_hashes", "hash_digest", "record_watermarks"]
+__all__ = ["Copy", "cached_content_hashes", "content_hashes", "hash_digest"]
 
-_MASK32 = 0xFFFFFFFF
+#: One copy to hash: (file, origin, sequence, chunk, first row, row count).
+Copy = tuple[str, int, int, int, int, int]
 
-
-def _copies_frame(df: DataFrame, layout: ArchiveLayout, group_extra: list[str]) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    payload_hash_inputs: list[Column] = []
-    for name in layout.payload:
-        payload_hash_inputs += [F.col(f"`{name}`"), F.col(f"`{name}`").isNull()]
-    row_hash = F.xxhash64(*payload_hash_inputs)
-    punctuation = F.col(f"`{layout.key}`").isNull()
-    for key in layout.keys:
-        punctuation = punctuation & F.col(f"`{key.event_time}`").isNull()
-
-    group = [
-        F.col("_file"),
-        F.col(f"`{layout.origin_id}`").cast("long").alias("origin"),
-        F.col(f"`{layout.sequence_number}`").cast("long").alias("sequence"),
-        F.col(f"`{layout.chunk_number}`").cast("long").alias("chunk"),
-        *[F.col(c) for c in group_extra],
-    ]
-    aggs: list[Column] = [
-        F.count(F.lit(1)).alias("rows"),
-        F.sum(F.when(punctuation, 0).otherwise(1)).alias("tuples"),
-        F.min("_row").alias("row_min"),
-        F.max("_row").alias("row_max"),
-        F.sum(row_hash.bitwiseAND(F.lit(_MASK32))).alias("hash_lo"),
-        F.sum(F.shiftrightunsigned(row_hash, 32)).alias("hash_hi"),
-    ]
-    meta: list[tuple[str, Column]] = [("last_chunk", F.col(f"`{layout.last_chunk}`"))]
-    if layout.ingest_ts is not None:
-        meta.append(("ingest", time_micros(df, layout.ingest_ts, layout.time_columns[layout.ingest_ts])))
-    if layout.idle is not None:
-        meta.append(("idle", F.col(f"`{layout.idle}`")))
-    for index, key in enumerate(layout.keys):
-        if key.watermark is not None:
-            meta.append((f"wm{index}", time_micros(df, key.watermark, layout.time_columns[key.watermark])))
-    for name, expr in meta:
-        aggs += [F.min(expr).alias(f"{name}_min"), F.max(expr).alias(f"{name}_max"), F.count(expr).alias(f"{name}_n")]
-    for index, key in enumerate(layout.keys):
-        event = time_micros(df, key.event_time, layout.time_columns[key.event_time])
-        aggs += [F.min(event).alias(f"ev{index}_min"), F.max(event).alias(f"ev{index}_max")]
-    return df.groupBy(*group).agg(*aggs)
+_HASH_VERSION = 2  # bump when what ``_copy_hash`` hashes changes
+_PREFIX = f"v{_HASH_VERSION}:"  # on every hash: a hash made by another version is never compared to it
+_ERROR_MARK = "<<replay-hash>>"
 
 
-def _collect(frame: DataFrame) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = frame.toArrow().to_pylist()
-    return rows
+@dataclass(frozen=True, slots=True)
+class _Columns:
+    """What the hashing reads of a file, and each column's role (picklable, for the tasks)."""
+
+    identity: tuple[str, str, str]
+    key: str
+    last_chunk: str
+    idle: str | None
+    watermarks: tuple[tuple[str, str] | None, ...]  # per key: its watermark column and time kind, or None
+    events: tuple[tuple[str, str], ...]  # per key: its event time column and time kind
+    payload: tuple[str, ...]
+
+    @classmethod
+    def of(cls, layout: ArchiveLayout) -> _Columns:
+        return cls(
+            identity=(layout.origin_id, layout.sequence_number, layout.chunk_number),
+            key=layout.key,
+            last_chunk=layout.last_chunk,
+            idle=layout.idle,
+            watermarks=tuple(
+                (k.watermark, layout.time_columns[k.watermark]) if k.watermark is not None else None
+                for k in layout.keys
+            ),
+            events=tuple((k.event_time, layout.time_columns[k.event_time]) for k in layout.keys),
+            payload=layout.payload,
+        )
+
+    def names(self) -> list[str]:
+        names = [*self.identity, self.key, self.last_chunk]
+        names += [c for c in (self.idle,) if c is not None]
+        names += [w[0] for w in self.watermarks if w is not None] + [e[0] for e in self.events]
+        return list(dict.fromkeys([*names, *self.payload]))
 
 
-def _runs_frame(df: DataFrame, layout: ArchiveLayout, scattered: list[dict[str, Any]]) -> DataFrame:
-    """Rows of identities that appear more than once in a file, with a run number per copy."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
+def _micros(value: int | None, kind: str) -> int | None:
+    """A time column's raw int64 as microseconds (as the scan reads it: nanoseconds floored)."""
+    if value is None:
+        return None
+    if kind in ("ms", "epoch_ms"):
+        return value * 1000
+    if kind == "ns":
+        return value // 1000
+    return value
 
-    spark = df.sparkSession
-    targets = spark.createDataFrame(
-        [(r["_file"], r["origin"], r["sequence"], r["chunk"]) for r in scattered],
-        "t_file string, t_origin long, t_sequence long, t_chunk long",
+
+def _int64(array: pa.ChunkedArray | pa.Array) -> Any:
+    import pyarrow.compute as pc
+
+    return pc.cast(array, pa.int64())
+
+
+def _encoded(column: pa.ChunkedArray) -> pa.Array:
+    """Each value of ``column`` as bytes that tell it apart from every other value: ``N`` for a null,
+    else its length, ``:`` and its text (or its bytes)."""
+    import pyarrow.compute as pc
+
+    array = column.combine_chunks()
+    if pa.types.is_dictionary(array.type):
+        array = array.dictionary_decode()
+    kind = array.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind):
+        text = array.cast(pa.large_binary())
+    else:
+        try:
+            text = array.cast(pa.large_string()).cast(pa.large_binary())
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # nested and other types: their Python repr
+            text = pa.array([None if v is None else repr(v).encode() for v in array.to_pylist()], pa.large_binary())
+    length = pc.binary_length(text).cast(pa.large_string()).cast(pa.large_binary())
+    value = pc.binary_join_element_wise(length, text, pa.scalar(b":", pa.large_binary()))
+    return pc.if_else(pc.is_null(text), pa.scalar(b"N", pa.large_binary()), value)
+
+
+def _rows_digest(part: pa.Table, payload: Sequence[str]) -> str:
+    """A digest of the multiset of ``part``'s rows over the ``payload`` columns."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    digest = hashlib.blake2b(digest_size=16)
+    if not payload or part.num_rows == 0:
+        digest.update(str(part.num_rows).encode())
+        return digest.hexdigest()
+    rows = pc.binary_join_element_wise(
+        *[_encoded(part.column(name)) for name in payload], pa.scalar(b"|", pa.large_binary())
     )
-    joined = df.join(
-        F.broadcast(targets),
-        (df["_file"] == targets["t_file"])
-        & (F.col(f"`{layout.origin_id}`").cast("long") == targets["t_origin"])
-        & (F.col(f"`{layout.sequence_number}`").cast("long") == targets["t_sequence"])
-        & (F.col(f"`{layout.chunk_number}`").cast("long") == targets["t_chunk"]),
-    ).drop("t_file", "t_origin", "t_sequence", "t_chunk")
-    # Gaps and islands: positions p1 < p2 < ... of one identity; p_i - i is constant
-    # exactly along a run of consecutive rows.
-    order = Window.partitionBy("_file", layout.origin_id, layout.sequence_number, layout.chunk_number).orderBy("_row")
-    return joined.withColumn("_run", F.col("_row") - F.row_number().over(order))
+    ordered = rows.take(pc.sort_indices(rows))
+    if isinstance(ordered, pa.ChunkedArray):
+        ordered = ordered.combine_chunks()
+    # Every value is self-delimiting and a row has a fixed number of them: the rows' bytes, one after
+    # another, say where each row ends.
+    offsets = np.frombuffer(ordered.buffers()[1], dtype=np.int64, count=len(ordered) + 1, offset=ordered.offset * 8)
+    data = ordered.buffers()[2]
+    if data is not None:
+        digest.update(memoryview(data)[int(offsets[0]) : int(offsets[-1])])
+    return digest.hexdigest()
 
 
-def _copy_records(df: DataFrame, layout: ArchiveLayout) -> list[dict[str, Any]]:
-    """Per copy, the full record with the content hash's sums (one Spark aggregation over the rows)."""
-    records = _collect(_copies_frame(df, layout, []))
-    scattered = [r for r in records if r["row_max"] - r["row_min"] + 1 != r["rows"]]
-    if scattered:
-        ids = {(r["_file"], r["origin"], r["sequence"], r["chunk"]) for r in scattered}
-        records = [r for r in records if (r["_file"], r["origin"], r["sequence"], r["chunk"]) not in ids]
-        records += _collect(_copies_frame(_runs_frame(df, layout, scattered), layout, ["_run"]))
-    return records
+def _copy_hash(part: pa.Table, columns: _Columns) -> str:
+    """The content hash of one copy's rows (see the module docstring)."""
+    import pyarrow.compute as pc
 
-
-def _display_path(spark_path: str, layout: ArchiveLayout, files: Sequence[str] = ()) -> str:
-    """Spark's ``file:`` URI of a local file as the plain path the user gave."""
-    local = local_path(spark_path)
-    if local is None:
-        return spark_path
-    for given in (*files, *layout.files):
-        if given == local or local_path(given) == local:
-            return given
-    return local
-
-
-def _content_hash(rec: dict[str, Any], layout: ArchiveLayout) -> str:
-    """A copy's content hash from its full record (``_copy_records``): equal for identical copies."""
-    watermarks = record_watermarks(rec, layout)
-    content = hashlib.blake2b(digest_size=16)
+    punctuation = pc.is_null(part.column(columns.key))
+    for event, _ in columns.events:
+        punctuation = pc.and_(punctuation, pc.is_null(part.column(event)))
+    tuples = part.num_rows - int(pc.sum(pc.cast(punctuation, pa.int64())).as_py() or 0)
+    watermarks: list[int | None] = []
+    for watermark, (event, event_kind) in zip(columns.watermarks, columns.events, strict=True):
+        if watermark is not None:
+            watermarks.append(_micros(_int64(part.column(watermark[0]))[0].as_py(), watermark[1]))
+        else:
+            watermarks.append(_micros(pc.max(_int64(part.column(event))).as_py(), event_kind))
     parts = [
-        rec["rows"],
-        rec["tuples"],
-        rec["hash_lo"],
-        rec["hash_hi"],
-        rec["last_chunk_min"],
-        rec.get("idle_min"),
+        part.num_rows,
+        tuples,
+        _rows_digest(part, columns.payload),
+        part.column(columns.last_chunk)[0].as_py(),
+        part.column(columns.idle)[0].as_py() if columns.idle is not None else None,
         *watermarks,
     ]
-    content.update(repr(parts).encode())
-    return content.hexdigest()
+    return _PREFIX + hashlib.blake2b(repr(parts).encode(), digest_size=16).hexdigest()
 
 
-def record_watermarks(rec: dict[str, Any], layout: ArchiveLayout) -> list[int | None]:
-    """A copy's watermark per key from its record (this module's or the metadata scan's): the
-    watermark column's value, or the copy's largest event time for an event-time key."""
-    watermarks: list[int | None] = []
-    for index, key in enumerate(layout.keys):
-        watermarks.append(rec[f"wm{index}_min"] if key.watermark is not None else rec[f"ev{index}_max"])
-    return watermarks
+def _holds(table: pa.Table, at: int, rows: int, identity: tuple[int, int, int], columns: _Columns) -> bool:
+    """Whether ``table``'s rows ``[at, at + rows)`` are exactly one copy of ``identity``: the identity
+    on each of them and not on the rows just before and after."""
+    import pyarrow.compute as pc
+
+    if at < 0 or at + rows > table.num_rows:
+        return False
+    start, stop = max(at - 1, 0), min(at + rows + 1, table.num_rows)
+    window = table.slice(start, stop - start)
+    same = None
+    for name, value in zip(columns.identity, identity, strict=True):
+        equal = pc.fill_null(pc.equal(_int64(window.column(name)), value), False)
+        same = equal if same is None else pc.and_(same, equal)
+    flags = same.to_pylist() if same is not None else []
+    inside = flags[at - start : at - start + rows]
+    return all(inside) and not (at > start and flags[0]) and not (stop > at + rows and flags[-1])
+
+
+def hash_file_copies(path: str, copies: Sequence[tuple[int, int, int, int, int]], columns: _Columns) -> dict[int, str]:
+    """The content hash of each copy ``(row_start, rows, origin, sequence, chunk)`` of the file at
+    ``path`` that still holds it, by first row; only the row groups around the copies are read."""
+    import bisect
+
+    from replay.engine.scan import open_parquet
+
+    parquet = open_parquet(path)
+    meta = parquet.metadata
+    starts = [0]
+    for g in range(meta.num_row_groups):
+        starts.append(starts[-1] + meta.row_group(g).num_rows)
+    present = set(parquet.schema_arrow.names)
+    names = columns.names()
+    groups: set[int] = set()
+    for row_start, rows, *_ in copies:
+        lo, hi = max(row_start - 1, 0), min(row_start + rows + 1, starts[-1])
+        if lo >= hi:
+            continue
+        first = bisect.bisect_right(starts, lo) - 1
+        last = bisect.bisect_right(starts, hi - 1) - 1
+        groups.update(range(first, last + 1))
+    if not groups:
+        return {}
+    ordered = sorted(groups)
+    table = parquet.read_row_groups(ordered, columns=[n for n in names if n in present])
+    for name in names:
+        if name not in present:  # a column this file does not have: null on its rows, as Spark reads it
+            table = table.append_column(name, pa.nulls(table.num_rows))
+    # Where each group's rows begin in ``table`` (the groups are read in order, one after another).
+    offset_of: dict[int, int] = {}
+    position = 0
+    for g in ordered:
+        offset_of[g] = position
+        position += starts[g + 1] - starts[g]
+    hashes: dict[int, str] = {}
+    for row_start, rows, origin, sequence, chunk in copies:
+        if rows <= 0 or row_start + rows > starts[-1]:
+            continue
+        lo = max(row_start - 1, 0)
+        first = bisect.bisect_right(starts, lo) - 1
+        at = offset_of[first] + (row_start - starts[first])
+        if _holds(table, at, rows, (origin, sequence, chunk), columns):
+            hashes[row_start] = _copy_hash(table.slice(at, rows), columns)
+    return hashes
+
+
+_RESULT = pa.schema([("file", pa.string()), ("row_start", pa.int64()), ("hash", pa.string())])
+
+
+def _hasher(
+    tasks: Sequence[tuple[str, Sequence[tuple[int, int, int, int, int]]]], columns: _Columns
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    plan = list(tasks)
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for index in batch.column("id").to_pylist():
+                path, copies = plan[index]
+                try:
+                    hashes = hash_file_copies(path, copies, columns)
+                except Exception as exc:  # named for the driver, which turns it into ArchiveReadError
+                    raise RuntimeError(f"{_ERROR_MARK}{path}{_ERROR_MARK}{exc}") from exc
+                rows = sorted(hashes.items())
+                yield pa.RecordBatch.from_arrays(
+                    [
+                        pa.array([path] * len(rows), pa.string()),
+                        pa.array([r for r, _ in rows], pa.int64()),
+                        pa.array([h for _, h in rows], pa.string()),
+                    ],
+                    schema=_RESULT,
+                )
+
+    return run
+
+
+def _spark_paths(spark: SparkSession, layout: ArchiveLayout, files: Sequence[str]) -> dict[str, str]:
+    """The path Spark's Parquet reader reports for each of ``files`` (``_metadata.file_path``, which
+    the pass matches copies by), by file: one small Spark job that decodes no column of the files."""
+    from pyspark.sql import functions as F
+
+    from replay.engine.archive import spark_schema
+    from replay.engine.archive_rows import read_parquet
+
+    first_rows = read_parquet(spark, spark_schema(layout), list(files)).where(F.col("_metadata.row_index") == 0)
+    paths: dict[str, str] = {}
+    for row in first_rows.select(F.col("_metadata.file_path").alias("path")).collect():
+        reported = str(row["path"])
+        local = local_path(reported)
+        for given in files:
+            if given == reported or (local is not None and local_path(given) == local):
+                paths[given] = reported
+    return paths
 
 
 def content_hashes(
-    spark: SparkSession, layout: ArchiveLayout, copies: Sequence[tuple[str, int, int, int, int]]
+    spark: SparkSession, layout: ArchiveLayout, copies: Sequence[Copy]
 ) -> tuple[dict[tuple[str, int], str], dict[str, str]]:
-    """The content hash of each copy ``(file, origin, sequence, chunk, row_start)``, by ``(file,
-    row_start)``, from one Spark aggregation over those copies' rows (the payload is read only
-    here, and only for buffers that have more than one copy); and the path Spark reports for
-    each file read. A copy whose file no longer holds it gets no hash."""
-    from pyspark.sql import functions as F
+    """The content hash of each copy ``(file, origin, sequence, chunk, row_start, rows)``, by ``(file,
+    row_start)``, from one Spark job over those copies' files (see the module docstring); and the path
+    Spark reports for each file. A copy whose file no longer holds it gets no hash.
 
+    Raises:
+        ArchiveReadError: a file could not be read.
+    """
     if not copies:
         return {}, {}
-    files = sorted({c[0] for c in copies})
-    df = read_rows(spark, layout, files)
-    targets = spark.createDataFrame(
-        [(c[1], c[2], c[3]) for c in copies], "t_origin long, t_sequence long, t_chunk long"
-    ).distinct()
-    df = df.join(
-        F.broadcast(targets),
-        (F.col(f"`{layout.origin_id}`").cast("long") == targets["t_origin"])
-        & (F.col(f"`{layout.sequence_number}`").cast("long") == targets["t_sequence"])
-        & (F.col(f"`{layout.chunk_number}`").cast("long") == targets["t_chunk"]),
-        "left_semi",
-    )
-    wanted = {(c[0], c[4]) for c in copies}
-    hashes: dict[tuple[str, int], str] = {}
-    spark_paths: dict[str, str] = {}
-    for rec in _copy_records(df, layout):
-        shown = _display_path(rec["_file"], layout, files)
-        spark_paths[shown] = rec["_file"]
-        if (shown, rec["row_min"]) in wanted:
-            hashes[(shown, rec["row_min"])] = _content_hash(rec, layout)
-    return hashes, spark_paths
+    by_file: dict[str, set[tuple[int, int, int, int, int]]] = {}
+    for file, origin, sequence, chunk, row_start, rows in copies:
+        by_file.setdefault(file, set()).add((row_start, rows, origin, sequence, chunk))
+    files = sorted(by_file)
+    tasks = [(local_path(f) or f, sorted(by_file[f])) for f in files]
+    shown = {task[0]: f for task, f in zip(tasks, files, strict=True)}
+    parallelism = max(1, min(len(tasks), spark.sparkContext.defaultParallelism * 2))
+    frame = spark.range(len(tasks), numPartitions=parallelism)
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    try:
+        result = frame.mapInArrow(_hasher(tasks, _Columns.of(layout)), from_arrow_schema(_RESULT)).toArrow()
+    except Exception as exc:
+        text = str(exc)
+        if _ERROR_MARK not in text:
+            raise
+        _, path, reason = text.split(_ERROR_MARK, 2)
+        raise ArchiveReadError(
+            f"cannot read the rows of a buffer archived more than once: {reason.splitlines()[0]}",
+            where=Location(file=shown.get(path, path)),
+            todo="restore the file from the archiver, or move it out of the archive directory; nothing was committed",
+        ) from None
+    hashes = {
+        (shown[f], r): h
+        for f, r, h in zip(
+            result["file"].to_pylist(), result["row_start"].to_pylist(), result["hash"].to_pylist(), strict=True
+        )
+    }
+    return hashes, _spark_paths(spark, layout, files)
 
 
 def hash_digest(layout: ArchiveLayout) -> str:
     """What a content hash covers under ``layout`` (payload, metadata and time columns, their
-    units), as a short digest: cached hashes made under another one are not used."""
+    units) and how it is made, as a short digest: cached hashes made under another one are not used."""
     covered = [
         layout.payload,
         layout.key,
@@ -193,17 +333,23 @@ def hash_digest(layout: ArchiveLayout) -> str:
         [(k.event_time, k.watermark) for k in layout.keys],
         sorted(layout.time_columns.items()),
         _HASH_VERSION,
+        pa.__version__.split(".")[0],  # the text of a value (a float's, a time's) is pyarrow's
     ]
     return hashlib.sha256(json.dumps(covered).encode()).hexdigest()[:16]
 
 
-_HASH_VERSION = 1  # bump when ``_content_hash`` changes what it hashes
+def same_content(mine: str, kept: str) -> bool | None:
+    """Whether two content hashes say the copies are equal; ``None`` when they cannot be compared (one
+    is missing, or they were made by different versions of the hashing)."""
+    if not mine or not kept or mine.split(":", 1)[0] != kept.split(":", 1)[0]:
+        return None
+    return mine == kept
 
 
 def cached_content_hashes(
     spark: SparkSession,
     layout: ArchiveLayout,
-    copies: Sequence[tuple[str, int, int, int, int]],
+    copies: Sequence[Copy],
     cache: FileCache | None,
 ) -> tuple[dict[tuple[str, int], str], dict[str, str], int]:
     """``content_hashes``, taking from ``cache`` the hashes of copies in files it already hashed
@@ -214,7 +360,7 @@ def cached_content_hashes(
     digest = hash_digest(layout)
     hashes: dict[tuple[str, int], str] = {}
     spark_paths: dict[str, str] = {}
-    missing: list[tuple[str, int, int, int, int]] = []
+    missing: list[Copy] = []
     known: dict[str, tuple[str, dict[int, str]] | None] = {}
     for copy in copies:
         file, row = copy[0], copy[4]

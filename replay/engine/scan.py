@@ -35,7 +35,7 @@ from replay.engine.archive import ArchiveLayout
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["FileCache", "ScanColumns", "scan_columns", "scan_files", "scan_records"]
+__all__ = ["FileCache", "ScanColumns", "open_parquet", "scan_columns", "scan_files", "scan_records"]
 
 _ERROR_MARK = "<<replay-scan>>"
 
@@ -119,7 +119,8 @@ def _as_int64(array: pa.ChunkedArray) -> pa.ChunkedArray:
     return array.cast(pa.int64())
 
 
-def _open(path: str) -> Any:
+def open_parquet(path: str) -> Any:
+    """A ``pyarrow.parquet.ParquetFile`` of a local path, a ``file:`` URI or a remote URI pyarrow knows."""
     import pyarrow.parquet as pq
 
     local = local_path(path)
@@ -136,7 +137,7 @@ def scan_file(path: str, columns: ScanColumns) -> pa.Table:
     import numpy as np
     import pyarrow.compute as pc
 
-    parquet = _open(path)
+    parquet = open_parquet(path)
     names = [columns.origin, columns.sequence, columns.chunk, columns.key]
     names += [c for _, c, _ in columns.meta]
     names += [e[0] for e in columns.events if e is not None]

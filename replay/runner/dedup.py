@@ -11,6 +11,7 @@ from replay.core.errors import ConflictingDuplicateError, Location
 from replay.core.progress import arrival_order
 from replay.core.vocabulary import ConflictPolicy, IntegrityKind, Lateness
 from replay.engine.buffers import Buffer, BufferScan, Conflict, DuplicateCopy
+from replay.engine.copies import Copy, same_content
 from replay.runner.resume import State
 from replay.store import state as _state
 from replay.store.checkpoint import CheckpointStore
@@ -18,7 +19,7 @@ from replay.store.checkpoint import CheckpointStore
 __all__ = ["deduplicate", "discard", "other_copies"]
 
 
-Hasher = Callable[[Sequence[tuple[str, int, int, int, int]]], Mapping[tuple[str, int], str]]
+Hasher = Callable[[Sequence[Copy]], Mapping[tuple[str, int], str]]
 
 
 def deduplicate(
@@ -29,7 +30,7 @@ def deduplicate(
 
     A buffer already replayed that arrives again is compared by content with the replayed copy;
     ``hasher`` computes the content hashes the scan did not (``(file, origin, sequence, chunk,
-    row_start)`` to hash, by ``(file, row_start)``), re-reading the replayed copy's rows.
+    row_start, rows)`` to hash, by ``(file, row_start)``), re-reading the replayed copy's rows.
 
     Raises:
         ConflictingDuplicateError: a buffer already replayed arrives again with other content,
@@ -52,7 +53,7 @@ def deduplicate(
         for buf in scan.buffers
         if (buf.file, buf.row_start) not in state.known_copies and buf.identity in state.known
     ]
-    hashes = dict(hasher([(c.file, *c.identity, c.row_start) for pair in again for c in pair])) if again else {}
+    hashes = dict(hasher([(c.file, *c.identity, c.row_start, c.rows) for pair in again for c in pair])) if again else {}
     for buf in scan.buffers:
         if (buf.file, buf.row_start) in state.known_copies:
             continue
@@ -62,16 +63,16 @@ def deduplicate(
             continue
         mine = hashes.get((buf.file, buf.row_start), buf.content_hash)
         kept = hashes.get((known.file, known.row_start), known.content_hash)
-        if not kept:
-            # The replayed copy's file no longer holds it: compare what the checkpoint recorded.
+        same = same_content(mine, kept)
+        if same is None:
+            # The replayed copy's file no longer holds it (and the checkpoint's hash of it was made
+            # by another version of the hashing, or never): compare what the checkpoint recorded.
             same = (known.rows, known.tuples, known.last_chunk, known.watermarks) == (
                 buf.rows,
                 buf.tuples,
                 buf.last_chunk,
                 buf.watermarks,
             )
-        else:
-            same = mine == kept
         kind = IntegrityKind.DUPLICATE if same else IntegrityKind.CONFLICT
         if kind == IntegrityKind.CONFLICT and config.on_conflict == ConflictPolicy.FAIL:
             raise ConflictingDuplicateError(

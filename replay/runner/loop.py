@@ -41,7 +41,7 @@ from replay.engine.archive import (
     spark_schema,
 )
 from replay.engine.buffers import scan_buffers
-from replay.engine.copies import cached_content_hashes
+from replay.engine.copies import Copy, cached_content_hashes
 from replay.engine.inspection import participants_of
 from replay.engine.scan import FileCache
 from replay.engine.spark import driver_arrow_memory
@@ -290,7 +290,7 @@ class _Runner:
         schema = spark_schema(layout)
         state.spark_paths.update(scan.spark_paths)
 
-        def hasher(copies: Sequence[tuple[str, int, int, int, int]]) -> Mapping[tuple[str, int], str]:
+        def hasher(copies: Sequence[Copy]) -> Mapping[tuple[str, int], str]:
             hashes, paths, _ = cached_content_hashes(self.spark, layout, copies, cache)
             state.spark_paths.update(paths)
             return hashes

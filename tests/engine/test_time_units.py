@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from replay.cli import app
 from replay.core.config import JobConfig, parse_config
 from replay.core.timeutil import parse_timestamp
-from replay.engine import archive_rows, copies, rows
+from replay.engine import archive_rows, rows
 from replay.quality.validate import validate
 from replay.runner.loop import run
 from replay.store.digest import canonical_lines, digest
@@ -249,7 +249,6 @@ def test_reconciliation_fails_when_the_engine_converts_time_wrongly(
     assert _reconciliation(outcome)["success"], outcome.failures
 
     monkeypatch.setattr(archive_rows, "time_micros", _double_micros)  # as time_value uses it
-    monkeypatch.setattr(copies, "time_micros", _double_micros)
     monkeypatch.setattr(rows, "time_micros", _double_micros)
     wrong = _job(tmp_path / "archive", tmp_path / "wrong")
     run(wrong, spark=spark)

@@ -23,7 +23,8 @@ reaching the driver:
   state the pass carries out;
 - all of it is one union, written by one ``mapInArrow`` (``replay.engine.sink``) whose
   collected result is the pass's only Spark action; the per-batch counts ride along as
-  observed metrics (one batch) or are one more branch of it (several).
+  observed metrics (one batch) or are one more branch of it (several). A row of the union
+  goes to one destination, so the destinations share its value columns (``_Shared``).
 
 What comes back to the driver is small: per batch its row and tuple counts, a checksum
 of its copy ids and per-key late/on-time counts (which the ledger checks), and per window
@@ -48,26 +49,27 @@ from replay.engine.sink import RESULT_SCHEMA, Part, Written, keep_only, sink
 from replay.engine.windows import (
     WindowColumns,
     aggregated_types,
-    final_columns,
     merge,
     output_columns,
     owner_start,
     owns_its_members,
     partials,
     window_end,
+    window_values,
 )
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
-    from pyspark.sql.types import StructType
+    from pyspark.sql.types import DataType, StructType
 
 __all__ = ["read_open", "run_pass"]
 
 _KEEP_EMPTY_STAGES = "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation"
 
 
-def _due_batch(end: Column, steps: Sequence[Step], i: int) -> Column:
-    """The first batch of the pass whose ``E_k`` (key ``i``) reaches ``end``, or null: the window stays open."""
+def _due_part(end: Column, steps: Sequence[Step], i: int, part: Mapping[int, int]) -> Column:
+    """The part of the first batch of the pass whose ``E_k`` (key ``i``) reaches ``end`` (``part``:
+    by batch), or null: the window stays open."""
     from pyspark.sql import functions as F
 
     due: Column | None = None
@@ -77,8 +79,70 @@ def _due_batch(end: Column, steps: Sequence[Step], i: int) -> Column:
             continue  # E_k did not move: no window can first be due here
         reached = step.effective[i]
         condition = end <= F.lit(reached)
-        due = F.when(condition, F.lit(step.batch)) if due is None else due.when(condition, F.lit(step.batch))
-    return F.lit(None).cast("long") if due is None else due
+        value = F.lit(part[step.batch])
+        due = F.when(condition, value) if due is None else due.when(condition, value)
+    return F.lit(None).cast("int") if due is None else due
+
+
+def _batch_part(batch: Column, part: Mapping[int, int]) -> Column:
+    """The part of the batch in column ``batch`` (``part``: by batch)."""
+    from pyspark.sql import functions as F
+
+    chosen: Column | None = None
+    for b, number in part.items():
+        condition, value = batch == F.lit(b), F.lit(number)
+        chosen = F.when(condition, value) if chosen is None else chosen.when(condition, value)
+    assert chosen is not None  # a pass has a batch
+    return chosen
+
+
+class _Shared:
+    """The union's value columns, shared between destinations by type: the ``j``-th value of type
+    ``T`` of every destination is in column ``_v<T>_<j>``. A row goes to one destination, and every
+    column of the union crosses to the writer on every row, null or not (Arrow keeps 8 bytes for a
+    null long): a column per value of every destination carried twice as much (docs/performance.md)."""
+
+    def __init__(self) -> None:
+        self._types: dict[str, int] = {}
+
+    def columns(self, types: Sequence[DataType]) -> list[str]:
+        """The columns that values of ``types`` (one destination's, in order) are in."""
+        taken: dict[int, int] = {}
+        names = []
+        for data_type in types:
+            kind = self._types.setdefault(data_type.simpleString(), len(self._types))
+            j = taken.get(kind, 0)
+            taken[kind] = j + 1
+            names.append(f"_v{kind}_{j}")
+        return names
+
+    def select(
+        self, frame: DataFrame, kinds: Sequence[tuple[Column | None, Sequence[tuple[str, Column]]]]
+    ) -> tuple[list[Column], list[tuple[tuple[str, str], ...]]]:
+        """The shared columns of ``frame``'s rows, each of which is of one of ``kinds``: ``(condition,
+        its values by name)``, the first whose condition holds (``None``: always); and per kind, the
+        ``Part.columns`` its values are in."""
+        from pyspark.sql import functions as F
+
+        options: dict[str, list[tuple[Column | None, Column]]] = {}
+        placed: list[tuple[tuple[str, str], ...]] = []
+        for condition, values in kinds:
+            types = [f.dataType for f in frame.select(*[v for _, v in values]).schema.fields] if values else []
+            names = self.columns(types)
+            placed.append(tuple((column, name) for column, (name, _) in zip(names, values, strict=True)))
+            for column, (_, value) in zip(names, values, strict=True):
+                options.setdefault(column, []).append((condition, value))
+        selected: list[Column] = []
+        for column, choices in options.items():
+            expr: Column | None = None
+            for condition, value in choices:
+                if condition is None:
+                    expr = value if expr is None else expr.otherwise(value)
+                    break
+                expr = F.when(condition, value) if expr is None else expr.when(condition, value)
+            assert expr is not None
+            selected.append(expr.alias(column))
+        return selected, placed
 
 
 def run_pass(
@@ -122,8 +186,13 @@ def run_pass(
 
     branches: list[DataFrame] = []
     parts: dict[str, Part] = {}
+    # Each destination's number in the union's ``_part`` column.
+    names = [f"windows:{s}:{step.batch}" for s in range(len(specs)) for step in steps]
+    names += [f"open:{s}" for s in range(len(specs))] + [f"late:{step.batch}" for step in steps] + ["counts"]
+    ids = {name: number for number, name in enumerate(names)}
+    late_part = {step.batch: ids[f"late:{step.batch}"] for step in steps}
+    shared = _Shared()
     rows_frame = pass_rows(spark, work, layout, schema, spark_paths) if work.reads else None
-    final_names = ["window", "wm_key", "key", "window_start", "window_end", *[name for name, _ in columns]]
     spec_cols = {
         s: WindowColumns(
             event_micros=f"_ev{key_index[spec.wm_key]}",
@@ -144,6 +213,7 @@ def run_pass(
         and any(lo is None or lo < thr for lo, thr in zip(r.buf.min_event, r.thresholds, strict=True))
     ]
     late_names = [f.name for f in late_struct.fields]
+    late_columns: tuple[tuple[str, str], ...] = ()  # where the union has a late tuple's values
     late_rows: list[Column] = []  # per key: the row's ``late`` table values where it is late for it, else null
     if candidates and rows_frame is not None:
         for i, key in enumerate(layout.keys):
@@ -197,17 +267,16 @@ def run_pass(
                 *[F.coalesce(F.sum(F.when(mine, value)), F.lit(0)).alias(f"{name}_{b}") for name, value in terms],
             )
     elif rows_frame is not None:
-        branches.append(
+        grouped = (
             rows_frame.where(F.col("d_batch") > 0)
             .groupBy(F.col("d_batch").alias("c_batch"))
             .agg(*[F.coalesce(F.sum(value), F.lit(0)).alias(f"c_{name}") for name, value in terms])
-            .select(F.lit("counts").alias("_part"), "*")
         )
-        names = ["batch", *[name for name, _ in terms]]
+        counted = ["batch", *[name for name, _ in terms]]
+        selected, (placed,) = shared.select(grouped, [(None, [(n, F.col(f"c_{n}")) for n in counted])])
+        branches.append(grouped.select(F.lit(ids["counts"]).alias("_part"), *selected))
         parts["counts"] = Part(
-            work.counts_dir,
-            tuple((f"c_{n}", n) for n in names),
-            bytes(pa.schema([(n, pa.int64()) for n in names]).serialize()),
+            work.counts_dir, placed, bytes(pa.schema([(n, pa.int64()) for n in counted]).serialize())
         )
     for s, spec in enumerate(specs):
         i = key_index[spec.wm_key]
@@ -266,10 +335,14 @@ def run_pass(
             # back with the carried copies' tuples or the open state): never again.
             after_floor = end > F.lit(work.floor[i])
             merged = merged.where(after_floor | F.col("_late").isNotNull() if late_here else after_floor)
-        due = _due_batch(end, steps, i)
+        due = _due_part(end, steps, i, {step.batch: ids[f"windows:{s}:{step.batch}"] for step in steps})
         state_names = [c for c in merged.columns if c not in ("_fb", "_late", "_late_n")]
-        part = F.when(due.isNull(), F.lit(f"open:{s}")).otherwise(F.concat(F.lit(f"windows:{s}:"), due.cast("string")))
-        late_columns: list[Column] = []
+        part = F.coalesce(due, F.lit(ids[f"open:{s}"]))
+        window_row, constants = window_values(spec, cols, columns)
+        kinds: list[tuple[Column | None, Sequence[tuple[str, Column]]]] = [
+            (due.isNotNull(), window_row),
+            (due.isNull(), [(c, F.col(c)) for c in state_names]),
+        ]
         if late_here:
             # A late tuple's group is one row: repeated as many times as the tuple occurs.
             merged = merged.withColumn(
@@ -280,61 +353,57 @@ def run_pass(
                     )
                 ),
             )
-            part = F.when(
-                F.col("_l").isNotNull(), F.concat(F.lit("late:"), F.col("_l._batch").cast("string"))
-            ).otherwise(part)
-            late_columns = [F.col(f"_l.{n}").alias(f"l_{n}") for n in late_names]
+            is_late = F.col("_l").isNotNull()
+            part = F.when(is_late, _batch_part(F.col("_l._batch"), late_part)).otherwise(part)
+            kinds.insert(0, (is_late, [(n, F.col(f"_l.{n}")) for n in late_names]))
+        selected, by_kind = shared.select(merged, kinds)
         branch = merged.select(
             part.alias("_part"),
             F.col("_owned"),
             # The sink counts windows by the first batch with a tuple in them (0: carried in), so
             # that each batch's open windows are known without another pass over them.
             F.col("_fb").alias("_first"),
-            *[F.col(c).alias(f"s{s}_{c}") for c in state_names],
-            *[e.alias(f"w_{name}") for name, e in zip(final_names, final_columns(spec, cols, columns), strict=True)],
-            *late_columns,
+            *selected,
         )
         branches.append(branch)
+        if late_here:
+            late_columns = by_kind.pop(0)
+        window_columns, state_columns = by_kind
         for step in steps:
             parts[f"windows:{s}:{step.batch}"] = Part(
-                step.windows_dir, tuple((f"w_{n}", n) for n in final_names), _arrow_schema(windows_struct)
+                step.windows_dir,
+                window_columns,
+                _arrow_schema(windows_struct),
+                tuple(constants.items()),
             )
         parts[f"open:{s}"] = Part(
-            work.state_dirs[spec.name],
-            tuple((f"s{s}_{c}", c) for c in state_names),
-            _arrow_schema(merged.select(*state_names).schema),
+            work.state_dirs[spec.name], state_columns, _arrow_schema(merged.select(*state_names).schema)
         )
 
     if observed is not None:
         # No window aggregation reads the rows: count them in a branch of their own.
         branches.append(
-            observed.groupBy().agg(F.count(F.lit(1)).alias("_owned")).select(F.lit("_counted").alias("_part"), "_owned")
+            observed.groupBy().agg(F.count(F.lit(1)).alias("_owned")).select(F.lit(-1).alias("_part"), "_owned")
         )
 
     if late_rows:
+        late_values = [(n, F.col(f"_l.{n}")) for n in late_names]
         if not late_in_windows:
             # A second read of the rows (several keys: a tuple late for one key can be on time for another).
             assert rows_frame is not None  # late rows are made from it
             for late in late_rows:
-                branches.append(
-                    rows_frame.where(late.isNotNull())
-                    .select(late.alias("_l"))
-                    .select(
-                        F.concat(F.lit("late:"), F.col("_l._batch").cast("string")).alias("_part"),
-                        *[F.col(f"_l.{n}").alias(f"l_{n}") for n in late_names],
-                    )
-                )
+                tuples = rows_frame.where(late.isNotNull()).select(late.alias("_l"))
+                selected, (late_columns,) = shared.select(tuples, [(None, late_values)])
+                branches.append(tuples.select(_batch_part(F.col("_l._batch"), late_part).alias("_part"), *selected))
         for step in steps:
-            parts[f"late:{step.batch}"] = Part(
-                step.late_dir, tuple((f"l_{n}", n) for n in late_names), _arrow_schema(late_struct)
-            )
+            parts[f"late:{step.batch}"] = Part(step.late_dir, late_columns, _arrow_schema(late_struct))
 
     if not branches:
         return {step.batch: WorkResult(specs={spec.name: SpecCounts() for spec in specs}) for step in steps}
     union = branches[0]
     for frame in branches[1:]:
         union = union.unionByName(frame, allowMissingColumns=True)
-    written = [Written.from_row(r.asDict()) for r in union.mapInArrow(sink(parts), RESULT_SCHEMA).collect()]
+    written = [Written.from_row(r.asDict()) for r in union.mapInArrow(sink(parts, ids), RESULT_SCHEMA).collect()]
     keep_only([p.directory for p in parts.values()], written)
     observed_counts: dict[str, Any] = dict(metrics.get) if metrics is not None else {}
     for w in written:

@@ -3,11 +3,17 @@
 A micro-batch produces rows for several destinations with different columns: the due windows
 of each window aggregation (the ``windows`` table), the windows it keeps open (one state
 directory per aggregation) and the late tuples (the ``late`` table). ``replay.engine.aggregate``
-unions them into one frame whose ``_part`` column names the destination, and runs
+unions them into one frame whose ``_part`` column is the number of the row's destination, and runs
 ``sink(...)`` over it with ``mapInArrow``: each task writes its rows of each part to one
 Parquet file of that part's directory (pyarrow, fsynced), and returns one small row per file
 (part, file, rows, owned tuples, and how many of its rows hold each value of ``_first`` when the
 frame has that column). Collecting those rows is the pass's only Spark action.
+
+A row goes to one destination, so the union's value columns are shared between destinations: a
+``Part`` names the columns its values are in, and the values equal on every row of a part (a
+window aggregation's name, an aggregation another one has) are not in the frame at all, only in the
+``Part``. Every value column crosses from Spark to Python once per row, null or not, so a column
+per value of each destination would cost about twice as much.
 
 Task attempts write files of their own (the attempt number and a random token are in the
 name); only the files the successful attempts return are kept (``keep_only``), so a retried
@@ -32,12 +38,14 @@ RESULT_SCHEMA = "part string, file string, rows long, owned long, firsts string"
 
 @dataclass(frozen=True, slots=True)
 class Part:
-    """One destination: its directory, the frame's columns it takes (``(source, name)``, in
-    output order) and the Arrow schema (IPC-serialized) its files are written with."""
+    """One destination: its directory, the frame's columns it takes (``(source, name)``), the
+    Arrow schema (IPC-serialized) its files are written with, and the value of each of the
+    schema's other columns on every row (``(name, value)``; ``None``: null)."""
 
     directory: str
     columns: tuple[tuple[str, str], ...]
     schema: bytes
+    constants: tuple[tuple[str, str | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +71,15 @@ class Written:
         )
 
 
-def sink(parts: Mapping[str, Part]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function writing each ``_part`` of its input to ``parts[_part]``."""
-    plan = {name: (p.directory, p.columns, p.schema) for name, p in parts.items()}
+def sink(
+    parts: Mapping[str, Part], ids: Mapping[str, int]
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function writing the rows whose ``_part`` is ``ids[name]`` to ``parts[name]``
+    (a row whose ``_part`` is no part's is counted, not written)."""
+    plan = {
+        ids[name]: (name, p.directory, dict((out, src) for src, out in p.columns), p.schema, dict(p.constants))
+        for name, p in parts.items()
+    }
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import json
@@ -79,7 +93,7 @@ def sink(parts: Mapping[str, Part]) -> Callable[[Iterator[pa.RecordBatch]], Iter
         context = TaskContext.get()
         task = f"{context.partitionId():05d}-{context.attemptNumber()}" if context else "00000-0"
         token = uuid.uuid4().hex[:12]
-        schemas = {name: pa.ipc.read_schema(pa.py_buffer(raw)) for name, (_, _, raw) in plan.items()}
+        schemas = {part: pa.ipc.read_schema(pa.py_buffer(raw)) for part, (_, _, _, raw, _) in plan.items()}
         writers: dict[str, tuple[pq.ParquetWriter, str]] = {}
         rows: dict[str, int] = {}
         owned: dict[str, int] = {}
@@ -88,15 +102,22 @@ def sink(parts: Mapping[str, Part]) -> Callable[[Iterator[pa.RecordBatch]], Iter
             if batch.num_rows == 0:
                 continue
             part_column = batch.column("_part")
-            for name in pc.unique(part_column).to_pylist():
-                if name not in plan:
+            for part in pc.unique(part_column).to_pylist():
+                if part not in plan:
                     continue  # a branch that exists only to be counted (observed metrics)
-                chunk = batch.filter(pc.equal(part_column, name))
-                directory, columns, _ = plan[name]
-                schema = schemas[name]
-                table = pa.Table.from_arrays(
-                    [chunk.column(source) for source, _ in columns], names=[out for _, out in columns]
-                ).cast(schema)
+                chunk = batch.filter(pc.equal(part_column, part))
+                name, directory, sources, _, constants = plan[part]
+                schema = schemas[part]
+                n = chunk.num_rows
+                arrays = [
+                    chunk.column(sources[f.name])
+                    if f.name in sources
+                    else pa.nulls(n, f.type)
+                    if constants[f.name] is None
+                    else pa.repeat(pa.scalar(constants[f.name], f.type), n)
+                    for f in schema
+                ]
+                table = pa.Table.from_arrays(arrays, names=schema.names).cast(schema)
                 if name not in writers:
                     os.makedirs(directory, exist_ok=True)
                     path = os.path.join(directory, f"part-{task}-{token}-{len(writers)}.parquet")

@@ -9,7 +9,7 @@ per-tuple operation inside Spark:
    to one partial row per (grouping key, window start);
 2. ``merge``: partials of earlier batches (the open-window state carried in the
    checkpoint) and of this batch are merged per (key, start);
-3. ``finalize``: a window whose end the effective watermark has reached becomes
+3. ``window_values``: a window whose end the effective watermark has reached becomes
    one row of the ``windows`` table.
 
 Every partial is exactly mergeable, so results do not depend on how a run was
@@ -41,14 +41,13 @@ __all__ = [
     "REST_START",
     "WindowColumns",
     "aggregated_types",
-    "final_columns",
-    "finalize",
     "merge",
     "output_columns",
     "owner_start",
     "owns_its_members",
     "partials",
     "window_end",
+    "window_values",
 ]
 
 
@@ -247,25 +246,22 @@ def output_columns(specs: Sequence[WindowSpec], types: dict[str, DataType]) -> l
     return list(out.items())
 
 
-def final_columns(spec: WindowSpec, cols: WindowColumns, columns: Sequence[tuple[str, DataType]]) -> list[Column]:
-    """The ``windows`` table's columns computed from a merged partial row of ``spec``: ``window,
-    wm_key, key, window_start, window_end`` (timestamps) and ``columns`` (null where ``spec`` has
-    no such aggregation)."""
+def window_values(
+    spec: WindowSpec, cols: WindowColumns, columns: Sequence[tuple[str, DataType]]
+) -> tuple[list[tuple[str, Column]], dict[str, str | None]]:
+    """A ``windows`` table row from a merged partial row of ``spec``: the columns computed per window
+    (``key``, ``window_start`` and ``window_end`` as timestamps, and ``spec``'s aggregations of
+    ``columns``, cast to their type), and the ones equal on every row of ``spec`` (``window``,
+    ``wm_key``, and null for the aggregations of ``columns`` that ``spec`` does not have)."""
     from pyspark.sql import functions as F
 
     mine = {agg.output_name: _final(agg, i, cols) for i, agg in enumerate(spec.aggregations)}
-    return [
-        F.lit(spec.name).alias("window"),
-        F.lit(spec.wm_key).alias("wm_key"),
-        F.col("key"),
-        F.timestamp_micros("window_start").alias("window_start"),
-        F.timestamp_micros(window_end(F.col("window_start"), spec)).alias("window_end"),
-        *[(mine[name] if name in mine else F.lit(None)).cast(data_type).alias(name) for name, data_type in columns],
+    values = [
+        ("key", F.col("key")),
+        ("window_start", F.timestamp_micros("window_start")),
+        ("window_end", F.timestamp_micros(window_end(F.col("window_start"), spec))),
+        *[(name, mine[name].cast(data_type)) for name, data_type in columns if name in mine],
     ]
-
-
-def finalize(
-    merged: DataFrame, spec: WindowSpec, cols: WindowColumns, columns: Sequence[tuple[str, DataType]]
-) -> DataFrame:
-    """Rows of the ``windows`` table from merged partials (``final_columns``)."""
-    return merged.select(*final_columns(spec, cols, columns))
+    constants: dict[str, str | None] = {"window": spec.name, "wm_key": spec.wm_key}
+    constants |= {name: None for name, _ in columns if name not in mine}
+    return values, constants

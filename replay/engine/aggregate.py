@@ -251,6 +251,7 @@ def run_pass(
     # 20 batches, 24 s against 13 to 15 s; so did grouping the partials by batch as well, whose
     # two consumers Spark did not compute once: docs/performance.md).
     terms = _count_terms(specs, spec_cols, key_index, nkeys) if rows_frame is not None else []
+    terms = _packed(terms, sum(r.buf.rows for r in work.reads))
     metrics: Observation | None = None
     observed: DataFrame | None = None  # the rows with the batch's counts attached: in the plan exactly once
     ride: list[Column] = []  # the counts as extra aggregates of the first window aggregation's partials
@@ -411,7 +412,7 @@ def run_pass(
             for row in pq.read_table(w.file).to_pylist():
                 observed_counts.update({f"{name}_{row['batch']}": value for name, value in row.items()})
     shutil.rmtree(work.counts_dir, ignore_errors=True)
-    return _results(work, specs, nkeys, written, observed_counts)
+    return _results(work, specs, nkeys, written, _unpacked(observed_counts))
 
 
 def _count_terms(
@@ -444,6 +445,45 @@ def _count_terms(
             kept = kept & (owner >= F.lit(cols.range_start))
         terms.append((f"win{s}", one(kept)))
     return terms
+
+
+#: The ledger's counts that are not 0 or 1 per row (the copy-id checksum's halves).
+_CHECKSUMS = ("cid_lo", "cid_hi")
+_PACKED_ROWS = 2**31  # a pass with fewer rows packs its 0-or-1 counts two to a long
+
+
+def _packed(terms: Sequence[tuple[str, Column]], rows: int) -> list[tuple[str, Column]]:
+    """``terms`` with the counts that are 0 or 1 per row two to a long (``a|b``: ``a + (b << 32)``)
+    when the pass reads fewer than 2**31 rows: a sum of either is then at most the pass's rows, so
+    ``a`` stays in the low 32 bits and ``b << 32`` below 2**63. Each count is one more aggregate per
+    window group of the first window aggregation, where a one-batch pass's counts ride: half as
+    many aggregates (docs/performance.md). ``_unpacked`` takes them apart."""
+    from pyspark.sql import functions as F
+
+    if rows >= _PACKED_ROWS:
+        return list(terms)
+    flags = [(name, value) for name, value in terms if name not in _CHECKSUMS]
+    out = [(name, value) for name, value in terms if name in _CHECKSUMS]
+    for j in range(0, len(flags) - 1, 2):
+        (a, low), (b, high) = flags[j], flags[j + 1]
+        out.append((f"{a}|{b}", low.cast("long") + F.shiftleft(high.cast("long"), 32)))
+    if len(flags) % 2:
+        out.append(flags[-1])
+    return out
+
+
+def _unpacked(counts: Mapping[str, Any]) -> dict[str, Any]:
+    """Counts by ``<name>_<batch>``, the packed ones (``_packed``) taken apart."""
+    out: dict[str, Any] = {}
+    for key, value in counts.items():
+        name, _, batch = key.rpartition("_")
+        if "|" not in name:
+            out[key] = value
+            continue
+        low, high = name.split("|")
+        out[f"{low}_{batch}"] = int(value) & 0xFFFFFFFF
+        out[f"{high}_{batch}"] = int(value) >> 32
+    return out
 
 
 def _results(

@@ -89,6 +89,19 @@ class _Omit:
 
 OMIT: Final = _Omit()
 
+#: The job's ``columns`` for tables written by hand with one-letter column names.
+SHORT_COLUMNS: Final = {
+    "columns": {
+        "origin_id": "o",
+        "sequence_number": "s",
+        "chunk_number": "c",
+        "last_chunk": "l",
+        "watermark_ts": "wm",
+        "event_time": "t",
+        "key": "k",
+    }
+}
+
 
 class Nanos(int):
     """An exact instant in nanoseconds since the epoch, written as it is (a plain int is microseconds)."""

@@ -20,20 +20,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from replay.core.errors import ArchiveReadError, Location
 from replay.core.paths import local_path
 from replay.engine.archive import ArchiveLayout
+from replay.engine.scan import FileCache, as_int64, open_parquet, raw_micros, read_in_tasks
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from replay.engine.scan import FileCache
 
 __all__ = ["Copy", "cached_content_hashes", "content_hashes", "hash_digest"]
 
@@ -42,7 +41,6 @@ Copy = tuple[str, int, int, int, int, int]
 
 _HASH_VERSION = 2  # bump when what ``_copy_hash`` hashes changes
 _PREFIX = f"v{_HASH_VERSION}:"  # on every hash: a hash made by another version is never compared to it
-_ERROR_MARK = "<<replay-hash>>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,23 +75,6 @@ class _Columns:
         names += [c for c in (self.idle,) if c is not None]
         names += [w[0] for w in self.watermarks if w is not None] + [e[0] for e in self.events]
         return list(dict.fromkeys([*names, *self.payload]))
-
-
-def _micros(value: int | None, kind: str) -> int | None:
-    """A time column's raw int64 as microseconds (as the scan reads it: nanoseconds floored)."""
-    if value is None:
-        return None
-    if kind in ("ms", "epoch_ms"):
-        return value * 1000
-    if kind == "ns":
-        return value // 1000
-    return value
-
-
-def _int64(array: pa.ChunkedArray | pa.Array) -> Any:
-    import pyarrow.compute as pc
-
-    return pc.cast(array, pa.int64())
 
 
 def _encoded(column: pa.ChunkedArray) -> pa.Array:
@@ -152,9 +133,9 @@ def _copy_hash(part: pa.Table, columns: _Columns) -> str:
     watermarks: list[int | None] = []
     for watermark, (event, event_kind) in zip(columns.watermarks, columns.events, strict=True):
         if watermark is not None:
-            watermarks.append(_micros(_int64(part.column(watermark[0]))[0].as_py(), watermark[1]))
+            watermarks.append(raw_micros(as_int64(part.column(watermark[0]))[0].as_py(), watermark[1]))
         else:
-            watermarks.append(_micros(pc.max(_int64(part.column(event))).as_py(), event_kind))
+            watermarks.append(raw_micros(pc.max(as_int64(part.column(event))).as_py(), event_kind))
     parts = [
         part.num_rows,
         tuples,
@@ -177,7 +158,7 @@ def _holds(table: pa.Table, at: int, rows: int, identity: tuple[int, int, int], 
     window = table.slice(start, stop - start)
     same = None
     for name, value in zip(columns.identity, identity, strict=True):
-        equal = pc.fill_null(pc.equal(_int64(window.column(name)), value), False)
+        equal = pc.fill_null(pc.equal(as_int64(window.column(name)), value), False)
         same = equal if same is None else pc.and_(same, equal)
     flags = same.to_pylist() if same is not None else []
     inside = flags[at - start : at - start + rows]
@@ -188,8 +169,6 @@ def hash_file_copies(path: str, copies: Sequence[tuple[int, int, int, int, int]]
     """The content hash of each copy ``(row_start, rows, origin, sequence, chunk)`` of the file at
     ``path`` that still holds it, by first row; only the row groups around the copies are read."""
     import bisect
-
-    from replay.engine.scan import open_parquet
 
     parquet = open_parquet(path)
     meta = parquet.metadata
@@ -234,30 +213,17 @@ def hash_file_copies(path: str, copies: Sequence[tuple[int, int, int, int, int]]
 _RESULT = pa.schema([("file", pa.string()), ("row_start", pa.int64()), ("hash", pa.string())])
 
 
-def _hasher(
-    tasks: Sequence[tuple[str, Sequence[tuple[int, int, int, int, int]]]], columns: _Columns
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    plan = list(tasks)
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for index in batch.column("id").to_pylist():
-                path, copies = plan[index]
-                try:
-                    hashes = hash_file_copies(path, copies, columns)
-                except Exception as exc:  # named for the driver, which turns it into ArchiveReadError
-                    raise RuntimeError(f"{_ERROR_MARK}{path}{_ERROR_MARK}{exc}") from exc
-                rows = sorted(hashes.items())
-                yield pa.RecordBatch.from_arrays(
-                    [
-                        pa.array([path] * len(rows), pa.string()),
-                        pa.array([r for r, _ in rows], pa.int64()),
-                        pa.array([h for _, h in rows], pa.string()),
-                    ],
-                    schema=_RESULT,
-                )
-
-    return run
+def _hashes_table(path: str, work: tuple[Sequence[tuple[int, int, int, int, int]], _Columns]) -> pa.Table:
+    """``hash_file_copies`` as a table of ``_RESULT`` (what a hashing task returns)."""
+    rows = sorted(hash_file_copies(path, *work).items())
+    return pa.table(
+        [
+            pa.array([path] * len(rows), pa.string()),
+            pa.array([r for r, _ in rows], pa.int64()),
+            pa.array([h for _, h in rows], pa.string()),
+        ],
+        schema=_RESULT,
+    )
 
 
 def _spark_paths(spark: SparkSession, layout: ArchiveLayout, files: Sequence[str]) -> dict[str, str]:
@@ -295,24 +261,17 @@ def content_hashes(
     for file, origin, sequence, chunk, row_start, rows in copies:
         by_file.setdefault(file, set()).add((row_start, rows, origin, sequence, chunk))
     files = sorted(by_file)
-    tasks = [(local_path(f) or f, sorted(by_file[f])) for f in files]
+    columns = _Columns.of(layout)
+    tasks = [(local_path(f) or f, (sorted(by_file[f]), columns)) for f in files]
     shown = {task[0]: f for task, f in zip(tasks, files, strict=True)}
-    parallelism = max(1, min(len(tasks), spark.sparkContext.defaultParallelism * 2))
-    frame = spark.range(len(tasks), numPartitions=parallelism)
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    try:
-        result = frame.mapInArrow(_hasher(tasks, _Columns.of(layout)), from_arrow_schema(_RESULT)).toArrow()
-    except Exception as exc:
-        text = str(exc)
-        if _ERROR_MARK not in text:
-            raise
-        _, path, reason = text.split(_ERROR_MARK, 2)
-        raise ArchiveReadError(
-            f"cannot read the rows of a buffer archived more than once: {reason.splitlines()[0]}",
-            where=Location(file=shown.get(path, path)),
-            todo="restore the file from the archiver, or move it out of the archive directory; nothing was committed",
-        ) from None
+    result = read_in_tasks(
+        spark,
+        tasks,
+        _hashes_table,
+        _RESULT,
+        failure="cannot read the rows of a buffer archived more than once",
+        shown=shown,
+    )
     hashes = {
         (shown[f], r): h
         for f, r, h in zip(

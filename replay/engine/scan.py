@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +35,17 @@ from replay.engine.archive import ArchiveLayout
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["FileCache", "ScanColumns", "open_parquet", "scan_columns", "scan_files", "scan_records"]
+__all__ = [
+    "FileCache",
+    "ScanColumns",
+    "as_int64",
+    "open_parquet",
+    "raw_micros",
+    "read_in_tasks",
+    "scan_columns",
+    "scan_files",
+    "scan_records",
+]
 
 _ERROR_MARK = "<<replay-scan>>"
 
@@ -98,7 +108,7 @@ def scan_columns(layout: ArchiveLayout, *, event_times: bool) -> ScanColumns:
     )
 
 
-def _micros(value: int | None, kind: str | None) -> int | None:
+def raw_micros(value: int | None, kind: str | None) -> int | None:
     """A time column's raw int64 as microseconds (floor for nanoseconds, exact integers only)."""
     if value is None or kind is None:
         return value
@@ -109,7 +119,8 @@ def _micros(value: int | None, kind: str | None) -> int | None:
     return value
 
 
-def _as_int64(array: pa.ChunkedArray) -> pa.ChunkedArray:
+def as_int64(array: pa.ChunkedArray) -> pa.ChunkedArray:
+    """An identity, flag or time column's values as int64 (a time in its own unit: ``raw_micros``)."""
     import pyarrow.compute as pc
 
     if pa.types.is_timestamp(array.type):
@@ -146,7 +157,7 @@ def scan_file(path: str, columns: ScanColumns) -> pa.Table:
     n = table.num_rows
     if n == 0:
         return schema.empty_table()
-    ids = [_as_int64(table.column(c)) for c in (columns.origin, columns.sequence, columns.chunk)]
+    ids = [as_int64(table.column(c)) for c in (columns.origin, columns.sequence, columns.chunk)]
     # A new copy starts wherever the identity (or its nullness) changes from the previous row.
     change = np.zeros(n, dtype=bool)
     change[0] = True
@@ -170,11 +181,11 @@ def scan_file(path: str, columns: ScanColumns) -> pa.Table:
     aggs: list[tuple[str, str]] = [("_row", "min"), ("_row", "max"), ("_row", "count"), ("_tuple", "sum")]
     aggs += [("origin", "min"), ("sequence", "min"), ("chunk", "min")]
     for name, column, _ in columns.meta:
-        work[name] = _as_int64(table.column(column))
+        work[name] = as_int64(table.column(column))
         aggs += [(name, "min"), (name, "max"), (name, "count")]
     for index, event in enumerate(columns.events):
         if event is not None:
-            work[f"ev{index}"] = _as_int64(table.column(event[0]))
+            work[f"ev{index}"] = as_int64(table.column(event[0]))
             aggs += [(f"ev{index}", "min"), (f"ev{index}", "max")]
     grouped = pa.table(work).group_by("_run", use_threads=False).aggregate(aggs).sort_by("_run")
     out: dict[str, Any] = {
@@ -188,8 +199,8 @@ def scan_file(path: str, columns: ScanColumns) -> pa.Table:
         "row_max": grouped["_row_max"],
     }
     for name, _, kind in columns.meta:
-        out[f"{name}_min"] = pa.array([_micros(v, kind) for v in grouped[f"{name}_min"].to_pylist()], pa.int64())
-        out[f"{name}_max"] = pa.array([_micros(v, kind) for v in grouped[f"{name}_max"].to_pylist()], pa.int64())
+        out[f"{name}_min"] = pa.array([raw_micros(v, kind) for v in grouped[f"{name}_min"].to_pylist()], pa.int64())
+        out[f"{name}_max"] = pa.array([raw_micros(v, kind) for v in grouped[f"{name}_max"].to_pylist()], pa.int64())
         out[f"{name}_n"] = grouped[f"{name}_count"]
     for index, event in enumerate(columns.events):
         for stat in ("min", "max"):
@@ -197,49 +208,71 @@ def scan_file(path: str, columns: ScanColumns) -> pa.Table:
                 out[f"ev{index}_{stat}"] = pa.nulls(grouped.num_rows, pa.int64())
             else:
                 values = grouped[f"ev{index}_{stat}"].to_pylist()
-                out[f"ev{index}_{stat}"] = pa.array([_micros(v, event[1]) for v in values], pa.int64())
+                out[f"ev{index}_{stat}"] = pa.array([raw_micros(v, event[1]) for v in values], pa.int64())
     return pa.table(out).cast(schema)
 
 
-def _scanner(files: Sequence[str], columns: ScanColumns) -> Callable[[Iterator[pa.RecordBatch]], Iterator[Any]]:
-    paths = list(files)
+def read_in_tasks(
+    spark: SparkSession,
+    tasks: Sequence[tuple[str, Any]],
+    read: Callable[[str, Any], pa.Table],
+    schema: pa.Schema,
+    *,
+    failure: str,
+    shown: Mapping[str, str] | None = None,
+) -> pa.Table:
+    """``read(path, work)`` of every task ``(path, work)``, run in Spark tasks (one file per task at
+    a time, pyarrow inside: on a cluster the executors read the files), their tables collected in
+    ``schema``. One Spark job.
 
-    def scan(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for index in batch.column("id").to_pylist():
-                try:
-                    table = scan_file(paths[index], columns)
-                except Exception as exc:  # named for the driver, which turns it into ArchiveReadError
-                    raise RuntimeError(f"{_ERROR_MARK}{paths[index]}{_ERROR_MARK}{exc}") from exc
-                yield from table.to_batches()
-
-    return scan
-
-
-def scan_files(spark: SparkSession, files: Sequence[str], columns: ScanColumns) -> pa.Table:
-    """The per-copy records of ``files`` (one row each, ``columns.record_schema()``), read in Spark
-    tasks (one Spark job). They stay columnar: the driver turns them into ``Buffer`` records
-    without a Python object per field (``replay.engine.buffers``)."""
+    Raises:
+        ArchiveReadError: ``read`` failed on a file: "``failure``: the reason", naming the file
+            (``shown``: the name to give a task's path, when it differs).
+    """
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    schema = columns.record_schema()
-    if not files:
+    if not tasks:
         return schema.empty_table()
-    parallelism = max(1, min(len(files), spark.sparkContext.defaultParallelism * 2))
-    frame = spark.range(len(files), numPartitions=parallelism)
+    plan = list(tasks)
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for index in batch.column("id").to_pylist():
+                path, work = plan[index]
+                try:
+                    table = read(path, work)
+                except Exception as exc:  # named for the driver, which turns it into ArchiveReadError
+                    raise RuntimeError(f"{_ERROR_MARK}{path}{_ERROR_MARK}{exc}") from exc
+                yield from table.to_batches()
+
+    parallelism = max(1, min(len(plan), spark.sparkContext.defaultParallelism * 2))
+    frame = spark.range(len(plan), numPartitions=parallelism)
     try:
-        records = frame.mapInArrow(_scanner(files, columns), from_arrow_schema(schema)).toArrow()
+        result = frame.mapInArrow(run, from_arrow_schema(schema)).toArrow()
     except Exception as exc:
         text = str(exc)
         if _ERROR_MARK not in text:
             raise
         _, path, reason = text.split(_ERROR_MARK, 2)
         raise ArchiveReadError(
-            f"cannot read the file's metadata columns: {reason.splitlines()[0]}",
-            where=Location(file=path),
+            f"{failure}: {reason.splitlines()[0]}",
+            where=Location(file=(shown or {}).get(path, path)),
             todo="restore the file from the archiver, or move it out of the archive directory; nothing was committed",
         ) from None
-    return records.cast(schema)
+    return result.cast(schema)
+
+
+def scan_files(spark: SparkSession, files: Sequence[str], columns: ScanColumns) -> pa.Table:
+    """The per-copy records of ``files`` (one row each, ``columns.record_schema()``), read in Spark
+    tasks (one Spark job). They stay columnar: the driver turns them into ``Buffer`` records
+    without a Python object per field (``replay.engine.buffers``)."""
+    return read_in_tasks(
+        spark,
+        [(path, columns) for path in files],
+        scan_file,
+        columns.record_schema(),
+        failure="cannot read the file's metadata columns",
+    )
 
 
 def footer_digest(path: str) -> str | None:

@@ -12,6 +12,7 @@ import pytest
 from replay.core.config import parse_config
 from replay.engine.archive import inspect_schema
 from replay.engine.buffers import scan_buffers
+from tests._archives import SHORT_COLUMNS
 
 pytestmark = pytest.mark.spark
 
@@ -41,19 +42,6 @@ def table(unit: str, *, tz: str | None = "UTC", epoch_ms: bool = False) -> pa.Ta
     )
 
 
-MAPPING = {
-    "columns": {
-        "origin_id": "o",
-        "sequence_number": "s",
-        "chunk_number": "c",
-        "last_chunk": "l",
-        "watermark_ts": "wm",
-        "event_time": "t",
-        "key": "k",
-    }
-}
-
-
 @pytest.mark.parametrize(
     ("data", "settings"),
     [
@@ -69,7 +57,7 @@ def test_time_units_and_mapping_give_the_same_buffer(
     tmp_path: Path, spark: Any, data: pa.Table, settings: dict[str, Any]
 ) -> None:
     pq.write_table(data, tmp_path / "a.parquet")
-    config = parse_config({"archive": str(tmp_path)} | MAPPING | settings)
+    config = parse_config({"archive": str(tmp_path)} | SHORT_COLUMNS | settings)
     layout = inspect_schema(config)
     assert layout.key_type == "string" and layout.payload == ("t", "k", "v")
     (buffer,) = scan_buffers(spark, layout, config).buffers
@@ -154,7 +142,7 @@ def test_the_file_cache_skips_known_files_and_rescans_a_file_rewritten_in_place(
     archive.mkdir()
     pq.write_table(_rows(1, [1, 2], [1, 2, 3, 4]), archive / "a.parquet")
     pq.write_table(_rows(2, [1], [5, 6]), archive / "b.parquet")
-    config = parse_config({"archive": str(archive)} | MAPPING)
+    config = parse_config({"archive": str(archive)} | SHORT_COLUMNS)
     cache = FileCache(tmp_path / "cache")
 
     def scan() -> Any:
@@ -184,7 +172,7 @@ def test_content_is_compared_only_for_identities_with_several_copies(tmp_path: P
     pq.write_table(_rows(1, [2], [3, 4]), archive / "b.parquet")  # an identical copy of sequence 2
     pq.write_table(_rows(1, [3], [5, 6]), archive / "c.parquet")
     pq.write_table(_rows(1, [3], [5, 7]), archive / "d.parquet")  # sequence 3 again, other content
-    config = parse_config({"archive": str(archive), "on_conflict": "keep_first"} | MAPPING)
+    config = parse_config({"archive": str(archive), "on_conflict": "keep_first"} | SHORT_COLUMNS)
     scan = scan_buffers(spark, inspect_schema(config), config)
     hashes = {b.sequence: b.content_hash for b in scan.buffers}
     assert hashes[1] == ""  # one copy: its payload is never read
@@ -200,7 +188,7 @@ def test_the_file_cache_keeps_content_hashes_until_the_file_changes(tmp_path: Pa
     archive.mkdir()
     pq.write_table(_rows(1, [1, 2], [1, 2, 3, 4]), archive / "a.parquet")
     pq.write_table(_rows(1, [2], [3, 4]), archive / "b.parquet")  # sequence 2 again: both copies hashed
-    config = parse_config({"archive": str(archive), "on_conflict": "keep_first"} | MAPPING)
+    config = parse_config({"archive": str(archive), "on_conflict": "keep_first"} | SHORT_COLUMNS)
     cache = FileCache(tmp_path / "cache")
 
     def scan() -> Any:
@@ -223,7 +211,7 @@ def test_the_file_cache_keeps_content_hashes_until_the_file_changes(tmp_path: Pa
 
 def test_the_scan_reads_event_times_only_where_needed(tmp_path: Path, spark: Any) -> None:
     pq.write_table(_rows(1, [1], [1, 2]), tmp_path / "a.parquet")
-    config = parse_config({"archive": str(tmp_path)} | MAPPING)
+    config = parse_config({"archive": str(tmp_path)} | SHORT_COLUMNS)
     layout = inspect_schema(config)
     (full,) = scan_buffers(spark, layout, config).buffers
     (lean,) = scan_buffers(spark, layout, config, event_times=False).buffers

@@ -14,19 +14,9 @@ from hypothesis import strategies as st
 from replay.core.config import parse_config
 from replay.engine.archive import inspect_schema
 from replay.engine.copies import _Columns, hash_file_copies, same_content
+from tests._archives import SHORT_COLUMNS
 
 SECOND = 1_000_000
-MAPPING = {
-    "columns": {
-        "origin_id": "o",
-        "sequence_number": "s",
-        "chunk_number": "c",
-        "last_chunk": "l",
-        "watermark_ts": "wm",
-        "event_time": "t",
-        "key": "k",
-    }
-}
 
 # Payload values chosen to collide under a careless encoding: separators, the null mark, empty text.
 _texts = st.one_of(st.none(), st.sampled_from(["", "N", "|", ":", "1:a", "a|b", "0:"]), st.text(max_size=4))
@@ -60,7 +50,7 @@ def _hashes(tmp: Path, copies: list[list[tuple[str | None, float | None, int | N
     archive.mkdir(exist_ok=True)
     path = archive / "a.parquet"
     _write(path, copies, group)
-    layout = inspect_schema(parse_config({"archive": str(archive)} | MAPPING))
+    layout = inspect_schema(parse_config({"archive": str(archive)} | SHORT_COLUMNS))
     starts, at = [], 0
     for copy in copies:
         starts.append(at)
@@ -93,7 +83,7 @@ def test_a_range_that_no_longer_holds_its_copy_gets_no_hash(tmp_path: Path) -> N
     archive.mkdir()
     path = archive / "a.parquet"
     _write(path, [[("a", 1.0, 1), ("b", 2.0, 2)], [("c", 3.0, 3)]], 2)
-    columns = _Columns.of(inspect_schema(parse_config({"archive": str(archive)} | MAPPING)))
+    columns = _Columns.of(inspect_schema(parse_config({"archive": str(archive)} | SHORT_COLUMNS)))
     assert set(hash_file_copies(str(path), [(0, 2, 1, 1, 1), (2, 1, 1, 2, 1)], columns)) == {0, 2}
     assert hash_file_copies(str(path), [(0, 1, 1, 1, 1)], columns) == {}  # the copy goes on past the range
     assert hash_file_copies(str(path), [(1, 2, 1, 1, 1)], columns) == {}  # a row of another buffer inside

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["NULL_TIME", "Buffer", "Conflict", "DuplicateCopy", "pack_buffers"]
+__all__ = ["NULL_TIME", "Buffer", "Conflict", "DuplicateCopy", "PackedBuffers", "pack_buffers", "pack_records"]
 
 # A missing time, packed: the smallest 64-bit integer, which no archive time reaches (nanoseconds
 # are floored to microseconds, milliseconds multiplied); reads back as ``None``.
@@ -212,32 +212,174 @@ class Buffer:
         return (Buffer.from_packed, (self._packed, self.file, self.content_hash))
 
 
+@functools.cache
+def _dtype(n: int) -> np.dtype[Any]:
+    """The numpy record of a buffer with ``n`` keys: the bytes of ``_HEAD`` and ``_keys(n)``, no padding."""
+    import numpy as np
+
+    fields = [(name, "<i8") for name in ("origin", "sequence", "chunk", "row_start", "tuples", "rows", "ingest")]
+    fields.append(("flags", "u1"))
+    fields += [(f"t{i}", "<i8") for i in range(3 * n)]
+    dtype = np.dtype(fields)
+    assert dtype.itemsize == _HEAD.size + _keys(n).size
+    return dtype
+
+
+def pack_records(
+    columns: dict[str, npt.NDArray[np.int64]],
+    watermarks: Sequence[npt.NDArray[np.int64]],
+    min_event: Sequence[npt.NDArray[np.int64]],
+    max_event: Sequence[npt.NDArray[np.int64]],
+) -> npt.NDArray[Any]:
+    """Many buffers' integer fields packed at once, as ``Buffer`` keeps them: one numpy record per
+    buffer, whose bytes are its ``Buffer``'s (``PackedBuffers``). ``columns``: ``origin, sequence,
+    chunk, row_start, tuples, rows, ingest, last_chunk, idle`` as int64 arrays; per key its watermarks
+    and event time bounds; a missing time is ``NULL_TIME``. No Python object is made per value, which
+    is what building a ``Buffer`` per record cost the metadata scan."""
+    import numpy as np
+
+    n = len(watermarks)
+    dtype = _dtype(n)
+    records = np.zeros(len(columns["origin"]), dtype=dtype)
+    for name in ("origin", "sequence", "chunk", "row_start", "tuples", "rows", "ingest"):
+        records[name] = columns[name]
+    records["flags"] = np.where(columns["last_chunk"] != 0, _LAST_CHUNK, 0) | np.where(columns["idle"] != 0, _IDLE, 0)
+    for i, values in enumerate((*watermarks, *min_event, *max_event)):
+        records[f"t{i}"] = values
+    return records
+
+
 def pack_buffers(
     columns: dict[str, npt.NDArray[np.int64]],
     watermarks: Sequence[npt.NDArray[np.int64]],
     min_event: Sequence[npt.NDArray[np.int64]],
     max_event: Sequence[npt.NDArray[np.int64]],
 ) -> tuple[bytes, int]:
-    """Many buffers' integer fields packed at once, as ``Buffer`` keeps them: ``(records, width)``,
-    buffer ``i`` being ``records[i * width:(i + 1) * width]`` (``Buffer.from_packed``). ``columns``:
-    ``origin, sequence, chunk, row_start, tuples, rows, ingest, last_chunk, idle`` as int64 arrays;
-    per key its watermarks and event time bounds; a missing time is ``NULL_TIME``. No Python object
-    is made per value, which is what building a ``Buffer`` per record cost the metadata scan."""
-    import numpy as np
+    """``pack_records`` as bytes: ``(records, width)``, buffer ``i`` being
+    ``records[i * width:(i + 1) * width]`` (``Buffer.from_packed``)."""
+    records = pack_records(columns, watermarks, min_event, max_event)
+    return records.tobytes(), records.dtype.itemsize
 
-    n = len(watermarks)
-    fields = [(name, "<i8") for name in ("origin", "sequence", "chunk", "row_start", "tuples", "rows", "ingest")]
-    fields.append(("flags", "u1"))
-    fields += [(f"t{i}", "<i8") for i in range(3 * n)]
-    dtype = np.dtype(fields)  # packed, as _HEAD and _keys(n): no padding
-    assert dtype.itemsize == _HEAD.size + _keys(n).size
-    records = np.zeros(len(columns["origin"]), dtype=dtype)
-    for name, _ in fields[:7]:
-        records[name] = columns[name]
-    records["flags"] = np.where(columns["last_chunk"] != 0, _LAST_CHUNK, 0) | np.where(columns["idle"] != 0, _IDLE, 0)
-    for i, values in enumerate((*watermarks, *min_event, *max_event)):
-        records[f"t{i}"] = values
-    return records.tobytes(), dtype.itemsize
+
+class PackedBuffers(Sequence[Buffer]):
+    """A sequence of buffers kept as one numpy array of their packed fields (``pack_records``), with
+    one file index and one content-hash index (``-1``: none) per buffer: about 90 bytes a buffer
+    with one key, where a ``Buffer`` object took about 190 (docs/performance.md#driver-memory). A
+    ``Buffer`` is made when an item is read and is not kept; slicing and ``take`` share the files
+    and hashes. This is how a run holds the buffers it has not fed yet."""
+
+    __slots__ = ("_file_of", "_files", "_hash_of", "_hashes", "_records")
+
+    def __init__(
+        self,
+        records: npt.NDArray[Any],
+        file_of: npt.NDArray[np.int32],
+        files: Sequence[str],
+        hash_of: npt.NDArray[np.int32] | None = None,
+        hashes: Sequence[str] = (),
+    ) -> None:
+        import numpy as np
+
+        if hash_of is None:
+            hash_of = np.full(len(records), -1, dtype=np.int32)
+        if not len(records) == len(file_of) == len(hash_of):
+            raise ValueError("a packed buffer has one file and one hash index")
+        self._records, self._file_of, self._files = records, file_of, files
+        self._hash_of, self._hashes = hash_of, hashes
+
+    @classmethod
+    def of(cls, buffers: Iterable[Buffer], nkeys: int = 0) -> PackedBuffers:
+        """``buffers`` packed (``nkeys``: their number of keys, for an empty sequence)."""
+        import numpy as np
+
+        items = list(buffers)
+        if items:
+            nkeys = len(items[0].watermarks)
+        dtype = _dtype(nkeys)
+        records = np.frombuffer(b"".join(b._packed for b in items), dtype=dtype) if items else np.zeros(0, dtype)
+        files: dict[str, int] = {}
+        hashes: dict[str, int] = {}
+        file_of = np.array([files.setdefault(b.file, len(files)) for b in items], dtype=np.int32)
+        hash_of = np.array(
+            [hashes.setdefault(b.content_hash, len(hashes)) if b.content_hash else -1 for b in items], dtype=np.int32
+        )
+        return cls(records.copy(), file_of, list(files), hash_of, list(hashes))
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    @overload
+    def __getitem__(self, index: int) -> Buffer: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> PackedBuffers: ...
+
+    def __getitem__(self, index: int | slice) -> Buffer | PackedBuffers:
+        if isinstance(index, slice):
+            return PackedBuffers(
+                self._records[index], self._file_of[index], self._files, self._hash_of[index], self._hashes
+            )
+        h = int(self._hash_of[index])
+        return Buffer.from_packed(
+            self._records[index].tobytes(), self._files[self._file_of[index]], self._hashes[h] if h >= 0 else ""
+        )
+
+    def __iter__(self) -> Iterator[Buffer]:
+        for i in range(len(self._records)):
+            yield self[i]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PackedBuffers({list(self)!r})"
+
+    def column(self, name: str) -> npt.NDArray[np.int64]:
+        """One packed field of every buffer (``origin``, ``sequence``, ``chunk``, ``row_start``,
+        ``tuples``, ``rows``, ``ingest``; ``NULL_TIME`` for a missing time), a view."""
+        return self._records[name]
+
+    def watermark_column(self, key: int) -> npt.NDArray[np.int64]:
+        """Key ``key``'s watermark of every buffer (``NULL_TIME``: none), a view."""
+        return self._records[f"t{key}"]
+
+    def last_chunks(self) -> npt.NDArray[np.bool_]:
+        """Whether each buffer is its sequence's last chunk."""
+        return (self._records["flags"] & _LAST_CHUNK) != 0  # type: ignore[no-any-return]
+
+    def take(self, indices: npt.NDArray[np.intp] | Sequence[int]) -> PackedBuffers:
+        """The buffers at ``indices``, in their order."""
+        import numpy as np
+
+        at = np.asarray(indices, dtype=np.intp)
+        return PackedBuffers(self._records[at], self._file_of[at], self._files, self._hash_of[at], self._hashes)
+
+    def ingest_at_least(self, clock: int) -> PackedBuffers:
+        """The buffers with an ``ingest_ts`` before ``clock`` moved to it (none stays none)."""
+
+        records = self._records.copy()
+        ingest = records["ingest"]
+        ingest[(ingest != _NULL) & (ingest < clock)] = clock
+        return PackedBuffers(records, self._file_of, self._files, self._hash_of, self._hashes)
+
+    def arrival_order(self) -> PackedBuffers:
+        """Sorted by (``ingest_ts``, origin, sequence, chunk), a missing ingest first: what
+        ``replay.core.progress.arrival_order`` does with ``Buffer`` objects."""
+        import numpy as np
+
+        r = self._records
+        return self.take(np.lexsort((r["chunk"], r["sequence"], r["origin"], r["ingest"])))
+
+    def sequence_order(self) -> PackedBuffers:
+        """Sorted by (sequence, origin, chunk): the order origin mode feeds buffers in."""
+        import numpy as np
+
+        r = self._records
+        return self.take(np.lexsort((r["chunk"], r["origin"], r["sequence"])))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

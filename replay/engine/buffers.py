@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replay.core.buffer import NULL_TIME, Buffer, Conflict, DuplicateCopy, pack_buffers
+from replay.core.buffer import NULL_TIME, Buffer, Conflict, DuplicateCopy, PackedBuffers, pack_records
 from replay.core.errors import ConflictingDuplicateError, EmptyArchiveError, Location
 from replay.engine.archive import ArchiveLayout
 from replay.engine.copies import cached_content_hashes
@@ -42,7 +42,7 @@ class BufferScan:
     """The archive's buffers after deduplication, with what was discarded and why."""
 
     layout: ArchiveLayout
-    buffers: tuple[Buffer, ...]
+    buffers: PackedBuffers  # the kept copy of each identity, in identity order
     duplicates: tuple[DuplicateCopy, ...]
     conflicts: tuple[Conflict, ...]
     rows_read: int
@@ -52,8 +52,8 @@ class BufferScan:
     copies_hashed: int = 0  # copies whose payload was read for a content hash (the others: the file cache)
 
 
-def _packed(ordered: pa.Table, layout: ArchiveLayout) -> tuple[bytes, int]:
-    """The records' ``Buffer`` fields packed (``replay.core.buffer.pack_buffers``), from their
+def _packed(ordered: pa.Table, layout: ArchiveLayout) -> Any:
+    """The records' ``Buffer`` fields packed (``replay.core.buffer.pack_records``), from their
     columns: a key's watermark is its watermark column, or its copy's largest event time."""
 
     def column(name: str, null: int = NULL_TIME) -> Any:
@@ -73,7 +73,7 @@ def _packed(ordered: pa.Table, layout: ArchiveLayout) -> tuple[bytes, int]:
         "idle": column("idle_min", 0),
     }
     keys = range(len(layout.keys))
-    return pack_buffers(
+    return pack_records(
         fields,
         [column(f"wm{i}_min" if layout.keys[i].watermark is not None else f"ev{i}_max") for i in keys],
         [column(f"ev{i}_min") for i in keys],
@@ -170,28 +170,32 @@ def scan_buffers(
     release_arrow_memory()
     hashes, spark_paths, hashed = cached_content_hashes(spark, layout, repeated, cache)
 
-    # Each record becomes a ``Buffer`` straight from its packed fields, with its file's one path
-    # string: no Python object per field of a record (``replay.core.buffer``).
-    records, width = _packed(ordered, layout)
+    # The kept copies stay packed (``PackedBuffers``: one array, file paths shared); a ``Buffer`` is
+    # made only for the copies of identities with several, to compare them.
+    import numpy as np
+
+    records = _packed(ordered, layout)
     paths = ordered["_file"].combine_chunks()
-    files, file_of = paths.dictionary.to_pylist(), paths.indices.to_numpy()
+    files, file_of = paths.dictionary.to_pylist(), paths.indices.to_numpy().astype(np.int32)
     several = ordered["_repeated"].to_numpy(zero_copy_only=False)
-    del ordered
-    kept: list[Buffer] = []
+    del ordered, paths
+    first_copy = np.ones(len(records), dtype=bool)  # the first copy of its identity: the one kept
+    hash_of = np.full(len(records), -1, dtype=np.int32)
+    hash_names: list[str] = []
     duplicates: list[DuplicateCopy] = []
     conflicts: list[Conflict] = []
     first: Buffer | None = None
-    for i in range(len(file_of)):
-        other = Buffer.from_packed(records[i * width : (i + 1) * width], files[file_of[i]], "")
-        if not several[i]:
-            kept.append(other)  # the only copy of its identity
-            first = None
-            continue
-        other = other.replace(content_hash=hashes.get((other.file, other.row_start), ""))
+    for i in np.flatnonzero(several).tolist():
+        other = Buffer.from_packed(records[i].tobytes(), files[file_of[i]], "")
+        content_hash = hashes.get((other.file, other.row_start), "")
+        other = other.replace(content_hash=content_hash)
         if first is None or other.identity != first.identity:
             first = other  # the first copy of an identity: by ingest time, file and row
-            kept.append(first)
+            if content_hash:
+                hash_of[i] = len(hash_names)
+                hash_names.append(content_hash)
             continue
+        first_copy[i] = False
         if other.content_hash == first.content_hash:
             duplicates.append(
                 DuplicateCopy(
@@ -230,12 +234,13 @@ def scan_buffers(
                 "to keep the earliest copy (the conflict is still reported)",
             )
         conflicts.append(conflict)
-    del records
+    kept = PackedBuffers(records[first_copy], file_of[first_copy], files, hash_of[first_copy], hash_names)
+    del records, file_of, hash_of
     release_arrow_memory()
     check_sequences(kept)
     return BufferScan(
         layout=layout,
-        buffers=tuple(kept),
+        buffers=kept,
         duplicates=tuple(duplicates),
         conflicts=tuple(conflicts),
         rows_read=rows_read,

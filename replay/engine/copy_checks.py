@@ -5,9 +5,10 @@ range, the rows of a buffer agreeing on their metadata, one last chunk per seque
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
-from replay.core.buffer import Buffer
+from replay.core.buffer import Buffer, PackedBuffers
 from replay.core.errors import BadBufferError, Location
 from replay.engine.archive import ArchiveLayout
 
@@ -84,12 +85,17 @@ def check_copy(rec: dict[str, Any], layout: ArchiveLayout, chunk_base: int) -> N
             )
 
 
-def check_sequences(buffers: list[Buffer]) -> None:
+def check_sequences(buffers: Sequence[Buffer]) -> None:
     """At most one last chunk per sequence, and no chunk beyond it.
+
+    Packed buffers in identity order (the metadata scan's, ``PackedBuffers``) are checked on their
+    arrays, and only a sequence that breaks a rule is looked at buffer by buffer.
 
     Raises:
         BadBufferError: naming the origin, sequence, chunk and file.
     """
+    if isinstance(buffers, PackedBuffers):
+        buffers = _offending(buffers)
     by_sequence: dict[tuple[int, int], list[Buffer]] = defaultdict(list)
     for buf in buffers:
         by_sequence[(buf.origin, buf.sequence)].append(buf)
@@ -111,3 +117,31 @@ def check_sequences(buffers: list[Buffer]) -> None:
                     todo="the last chunk must carry the highest chunk number; fix the archiver",
                     code="archive.chunk_beyond_last",
                 )
+
+
+def _offending(buffers: PackedBuffers) -> list[Buffer]:
+    """The buffers of the first sequence of ``buffers`` (in identity order) with two last chunks or a
+    chunk beyond its last one; none when every sequence keeps the rules."""
+    import numpy as np
+
+    n = len(buffers)
+    if n == 0:
+        return []
+    origin, sequence, chunk = (buffers.column(name) for name in ("origin", "sequence", "chunk"))
+    same_origin, same_sequence = origin[1:] == origin[:-1], sequence[1:] == sequence[:-1]
+    ascending = (origin[1:] > origin[:-1]) | (
+        same_origin & ((sequence[1:] > sequence[:-1]) | (same_sequence & (chunk[1:] > chunk[:-1])))
+    )
+    if not ascending.all():
+        return list(buffers)  # not in identity order: every buffer, by sequence
+    starts = np.flatnonzero(np.r_[True, ~(same_origin & same_sequence)])
+    last = buffers.last_chunks().astype(np.int64)
+    lasts = np.add.reduceat(last, starts)
+    ends = np.r_[starts[1:], n] - 1
+    # In identity order a sequence's chunks ascend: a chunk beyond the last chunk exists exactly when
+    # the sequence has a last chunk and its highest chunk is not it.
+    bad = (lasts > 1) | ((lasts == 1) & (last[ends] == 0))
+    if not bad.any():
+        return []
+    group = int(np.flatnonzero(bad)[0])
+    return list(buffers[int(starts[group]) : int(ends[group]) + 1])

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from replay.core.buffer import NULL_TIME, PackedBuffers
 from replay.core.progress import Decision, KeySettings, ProgressEngine, ProgressSnapshot, arrival_order
 from replay.core.timeutil import format_duration, format_ts
 from replay.engine.archive import ArchiveLayout, inspect_schema, resolve_lateness
@@ -144,6 +145,13 @@ class InspectReport:
 def participants_of(buffers: Sequence[Buffer], layout: ArchiveLayout) -> dict[str, set[int]]:
     """Per key, the origins with a non-null watermark for it on some buffer (docs/archive.md#watermark-keys)."""
     result: dict[str, set[int]] = {k.name: set() for k in layout.keys}
+    if isinstance(buffers, PackedBuffers):
+        import numpy as np
+
+        origins = buffers.column("origin")
+        for i, key in enumerate(layout.keys):
+            result[key.name] = set(np.unique(origins[buffers.watermark_column(i) != NULL_TIME]).tolist())
+        return result
     for buf in buffers:
         for key, value in zip(layout.keys, buf.watermarks, strict=True):
             if value is not None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 
+from replay.core.buffer import PackedBuffers
 from replay.core.config import JobConfig
 from replay.core.errors import ConflictingDuplicateError, Location
-from replay.core.progress import arrival_order
 from replay.core.vocabulary import ConflictPolicy, IntegrityKind, Lateness
 from replay.engine.buffers import Buffer, BufferScan, Conflict, DuplicateCopy
 from replay.engine.copies import Copy, same_content
@@ -24,9 +24,10 @@ Hasher = Callable[[Sequence[Copy]], Mapping[tuple[str, int], str]]
 
 def deduplicate(
     scan: BufferScan, state: State, store: CheckpointStore, config: JobConfig, mode: str, hasher: Hasher
-) -> tuple[list[Buffer], list[_state.Discarded]]:
+) -> tuple[PackedBuffers, list[_state.Discarded]]:
     """The scanned buffers this run feeds, in arrival order (sequence order in origin mode), and the
-    copies it discards.
+    copies it discards. The buffers stay packed (``PackedBuffers``): the driver holds no ``Buffer``
+    object per buffer it has not fed yet.
 
     A buffer already replayed that arrives again is compared by content with the replayed copy;
     ``hasher`` computes the content hashes the scan did not (``(file, origin, sequence, chunk,
@@ -46,7 +47,7 @@ def deduplicate(
         or any(seen((c.origin, c.sequence, c.chunk)) for c in scan.conflicts)
     ):
         state.load_history(store)
-    new: list[Buffer] = []
+    new_at: list[int] = []  # positions in ``scan.buffers``
     discarded: list[_state.Discarded] = []
     again = [
         (buf, state.known[buf.identity])
@@ -54,12 +55,12 @@ def deduplicate(
         if (buf.file, buf.row_start) not in state.known_copies and buf.identity in state.known
     ]
     hashes = dict(hasher([(c.file, *c.identity, c.row_start, c.rows) for pair in again for c in pair])) if again else {}
-    for buf in scan.buffers:
+    for at, buf in enumerate(scan.buffers):
         if (buf.file, buf.row_start) in state.known_copies:
             continue
         known = state.known.get(buf.identity)
         if known is None:
-            new.append(buf)
+            new_at.append(at)
             continue
         mine = hashes.get((buf.file, buf.row_start), buf.content_hash)
         kept = hashes.get((known.file, known.row_start), known.content_hash)
@@ -92,16 +93,15 @@ def deduplicate(
                 discard(IntegrityKind.CONFLICT, con, con.other_file, con.other_row, con.other_tuples, con.kept_file)
             )
 
+    new = scan.buffers.take(new_at)
     if mode == Lateness.ARRIVAL:
         clock = state.engine.clock
         if clock is not None:
             # Buffers that reach an incremental run with an ingest_ts before the checkpoint's
             # clock arrive now, for the replay (docs/semantics.md).
-            new = [b if b.ingest is None or b.ingest >= clock else b.replace(ingest=clock) for b in new]
-        new = arrival_order(new)
-    else:
-        new = sorted(new, key=lambda b: (b.sequence, b.origin, b.chunk))
-    return new, discarded
+            new = new.ingest_at_least(clock)
+        return new.arrival_order(), discarded  # as ``replay.core.progress.arrival_order``
+    return new.sequence_order(), discarded
 
 
 def other_copies(discarded: Sequence[_state.Discarded]) -> dict[tuple[int, int, int], frozenset[str]]:

@@ -322,7 +322,7 @@ class _Runner:
                     f"{len(new)} buffer(s) are cut again"
                 )
         participants = participants_of(new, layout)
-        new_buffers, new_tuples = len(new), sum(b.tuples for b in new)
+        new_buffers, new_tuples = len(new), int(new.column("tuples").sum())
         del new
         ctx = RunContext(
             config=config,
@@ -340,7 +340,7 @@ class _Runner:
         for group in plan_passes(plan, config):
             batches = [
                 Batch(
-                    buffers=plan[index],
+                    buffers=list(plan[index]),  # a pass's buffers are objects while it runs
                     join=participants if index == 0 and done == 0 else {},
                     discarded=discarded if index == 0 else [],
                     finish=index == len(plan) - 1,
@@ -355,7 +355,7 @@ class _Runner:
                 batches_done += 1
                 self.event("batch", batches_done, len(plan))
             for index in group:
-                plan[index] = []  # committed: the driver keeps no buffer of a pass done
+                plan[index] = plan[index][:0]  # committed: the driver keeps no buffer of a pass done
             del batches
         assert commit is not None
         return self._finish_version(

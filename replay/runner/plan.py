@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import TypeVar
 
-from replay.core.buffer import Buffer
+from replay.core.buffer import Buffer, PackedBuffers
 from replay.core.config import JobConfig
 from replay.core.paths import local_path
 
 __all__ = ["cut_batches", "file_stamp", "plan_batches", "plan_passes", "relevant"]
+
+B = TypeVar("B", bound=Sequence[Buffer])  # a list of buffers, or packed ones
 
 
 def file_stamp(path: str) -> list[int]:
@@ -33,42 +36,53 @@ def relevant(buf: Buffer, start: int | None, end: int | None) -> bool:
     return False
 
 
-def plan_batches(buffers: Sequence[Buffer], config: JobConfig, first: int | None) -> list[list[Buffer]]:
+def _tuples(buffers: Sequence[Buffer]) -> list[int]:
+    if isinstance(buffers, PackedBuffers):
+        return buffers.column("tuples").tolist()  # type: ignore[no-any-return]
+    return [b.tuples for b in buffers]
+
+
+def plan_batches(buffers: B, config: JobConfig, first: int | None) -> list[B]:
     """Cut ``buffers`` into batches of at most ``max_buffers`` buffers and ``max_tuples`` tuples
-    (at least one buffer each); ``first`` fixes the size of the first batch (a redone intent)."""
+    (at least one buffer each); ``first`` fixes the size of the first batch (a redone intent).
+    The batches are slices of ``buffers`` (of packed buffers: views, no copy)."""
     max_buffers = config.micro_batch.max_buffers
     max_tuples = config.micro_batch.max_tuples
-    batches: list[list[Buffer]] = []
-    current: list[Buffer] = []
-    tuples = 0
-    rest = list(buffers)
+    tuples = _tuples(buffers)
+    cuts: list[int] = []  # batch sizes
+    at = 0
     if first is not None:
-        batches.append(rest[:first])
-        rest = rest[first:]
-    for buf in rest:
-        full = (max_buffers is not None and len(current) >= max_buffers) or (
-            max_tuples is not None and current and tuples + buf.tuples > max_tuples
+        cuts.append(min(first, len(tuples)))
+        at = cuts[0]
+    size = total = 0
+    for n in tuples[at:]:
+        full = (max_buffers is not None and size >= max_buffers) or (
+            max_tuples is not None and size > 0 and total + n > max_tuples
         )
         if full:
-            batches.append(current)
-            current, tuples = [], 0
-        current.append(buf)
-        tuples += buf.tuples
-    if current or not batches:
-        batches.append(current)
-    return batches
+            cuts.append(size)
+            size = total = 0
+        size += 1
+        total += n
+    if size or not cuts:
+        cuts.append(size)
+    return _cut(buffers, cuts)
 
 
-def cut_batches(buffers: Sequence[Buffer], cuts: Sequence[int]) -> list[list[Buffer]] | None:
+def _cut(buffers: B, cuts: Sequence[int]) -> list[B]:
+    batches, at = [], 0
+    for size in cuts:
+        batches.append(buffers[at : at + size])
+        at += size
+    return batches  # type: ignore[return-value]
+
+
+def cut_batches(buffers: B, cuts: Sequence[int]) -> list[B] | None:
     """``buffers`` cut into batches of the sizes a run's intent recorded, or ``None`` when they do
     not add up (the archive changed under an interrupted run)."""
     if sum(cuts) != len(buffers) or not cuts:
         return None
-    batches, at = [], 0
-    for size in cuts:
-        batches.append(list(buffers[at : at + size]))
-        at += size
-    return batches
+    return _cut(buffers, cuts)
 
 
 def plan_passes(batches: Sequence[Sequence[Buffer]], config: JobConfig) -> list[range]:
@@ -80,7 +94,7 @@ def plan_passes(batches: Sequence[Sequence[Buffer]], config: JobConfig) -> list[
     out: list[range] = []
     start, tuples = 0, 0
     for index, batch in enumerate(batches):
-        size = sum(b.tuples for b in batch)
+        size = sum(_tuples(batch))
         full = index - start >= limit_batches or (
             limit_tuples is not None and index > start and tuples + size > limit_tuples
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from replay.core.buffer import Buffer
+from replay.core.buffer import Buffer, PackedBuffers
 from replay.core.config import parse_config
 from replay.runner.plan import plan_batches, plan_passes, relevant
 
@@ -48,6 +48,8 @@ def test_cuts(sizes: list[int], micro_batch: dict[str, int], first: int | None, 
     plan = plan_batches(buffers, config, first)
     assert [len(b) for b in plan] == cuts
     assert [b for batch in plan for b in batch] == buffers  # order kept, nothing lost or repeated
+    packed = plan_batches(PackedBuffers.of(buffers, nkeys=1), config, first)  # a run's buffers: the same cut
+    assert [list(b) for b in packed] == plan and all(isinstance(b, PackedBuffers) for b in packed)
 
 
 @pytest.mark.parametrize(

@@ -288,6 +288,31 @@ class PackedBuffers(Sequence[Buffer]):
         self._hash_of, self._hashes = hash_of, hashes
 
     @classmethod
+    def concat(cls, parts: Sequence[PackedBuffers], nkeys: int = 0) -> PackedBuffers:
+        """``parts`` one after the other."""
+        import numpy as np
+
+        if not parts:
+            return cls.of([], nkeys)
+        if len(parts) == 1:
+            return parts[0]
+        files: dict[str, int] = {}
+        hashes: dict[str, int] = {}
+        file_of, hash_of = [], []
+        for part in parts:
+            fmap = np.array([files.setdefault(f, len(files)) for f in part._files] or [0], dtype=np.int32)
+            hmap = np.array([hashes.setdefault(h, len(hashes)) for h in part._hashes] + [-1], dtype=np.int32)
+            file_of.append(fmap[part._file_of])
+            hash_of.append(hmap[part._hash_of])  # -1 indexes the last entry: -1 again
+        return cls(
+            np.concatenate([part._records for part in parts]),
+            np.concatenate(file_of),
+            list(files),
+            np.concatenate(hash_of),
+            list(hashes),
+        )
+
+    @classmethod
     def of(cls, buffers: Iterable[Buffer], nkeys: int = 0) -> PackedBuffers:
         """``buffers`` packed (``nkeys``: their number of keys, for an empty sequence)."""
         import numpy as np
@@ -346,6 +371,23 @@ class PackedBuffers(Sequence[Buffer]):
     def watermark_column(self, key: int) -> npt.NDArray[np.int64]:
         """Key ``key``'s watermark of every buffer (``NULL_TIME``: none), a view."""
         return self._records[f"t{key}"]
+
+    @property
+    def file_of(self) -> npt.NDArray[np.int32]:
+        """Each buffer's file, as its position in ``files``."""
+        return self._file_of
+
+    @property
+    def files(self) -> Sequence[str]:
+        """The files ``file_of`` points into (shared by slices and selections; some may be unused)."""
+        return self._files
+
+    def min_event_column(self, key: int) -> npt.NDArray[np.int64]:
+        """Key ``key``'s smallest event time of every buffer (``NULL_TIME``: none known), a view."""
+        return self._records[f"t{self._nkeys() + key}"]
+
+    def _nkeys(self) -> int:
+        return (self._records.dtype.itemsize - _HEAD.size) // 24
 
     def last_chunks(self) -> npt.NDArray[np.bool_]:
         """Whether each buffer is its sequence's last chunk."""

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from replay.core.config import JobConfig, WindowSpec
 from replay.engine.archive import ArchiveLayout
 from replay.engine.archive_rows import time_value
-from replay.engine.passes import Counts, PassWork, SpecCounts, Step, WorkResult
+from replay.engine.passes import Counts, PassWork, SpecCounts, Step, WorkResult, as_reads
 from replay.engine.rows import pass_rows, q
 from replay.engine.schemas import table_structs
 from replay.engine.sink import RESULT_SCHEMA, Part, Written, keep_only, sink
@@ -182,7 +182,8 @@ def run_pass(
     windows_struct, late_struct = table_structs(config, schema, layout)
     range_start, range_end = work.range
     steps = list(work.steps)
-    carried = any(r.batch == 0 for r in work.reads)
+    reads = as_reads(work.reads, nkeys)
+    carried = bool((reads.batches == 0).any())
 
     branches: list[DataFrame] = []
     parts: dict[str, Part] = {}
@@ -192,7 +193,7 @@ def run_pass(
     ids = {name: number for number, name in enumerate(names)}
     late_part = {step.batch: ids[f"late:{step.batch}"] for step in steps}
     shared = _Shared()
-    rows_frame = pass_rows(spark, work, layout, schema, spark_paths) if work.reads else None
+    rows_frame = pass_rows(spark, work, layout, schema, spark_paths) if len(reads) else None
     spec_cols = {
         s: WindowColumns(
             event_micros=f"_ev{key_index[spec.wm_key]}",
@@ -205,13 +206,7 @@ def run_pass(
     }
     # Only copies whose smallest event time is below their threshold can hold a late tuple (a copy
     # whose event times the scan did not read may); the late rows come from the pass's rows.
-    candidates = [
-        r
-        for r in work.reads
-        if r.batch > 0
-        and r.buf.tuples
-        and any(lo is None or lo < thr for lo, thr in zip(r.buf.min_event, r.thresholds, strict=True))
-    ]
+    candidates = bool(reads.may_hold_late().any())
     late_names = [f.name for f in late_struct.fields]
     late_columns: tuple[tuple[str, str], ...] = ()  # where the union has a late tuple's values
     late_rows: list[Column] = []  # per key: the row's ``late`` table values where it is late for it, else null
@@ -251,7 +246,7 @@ def run_pass(
     # 20 batches, 24 s against 13 to 15 s; so did grouping the partials by batch as well, whose
     # two consumers Spark did not compute once: docs/performance.md).
     terms = _count_terms(specs, spec_cols, key_index, nkeys) if rows_frame is not None else []
-    terms = _packed(terms, sum(r.buf.rows for r in work.reads))
+    terms = _packed(terms, int(reads.column("rows").sum()))
     metrics: Observation | None = None
     observed: DataFrame | None = None  # the rows with the batch's counts attached: in the plan exactly once
     ride: list[Column] = []  # the counts as extra aggregates of the first window aggregation's partials

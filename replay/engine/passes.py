@@ -6,18 +6,25 @@ aggregation, ``SpecCounts``). The ledger's copy ids are defined here too."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, overload
 
-from replay.core.buffer import Buffer
+from replay.core.buffer import NULL_TIME, Buffer, PackedBuffers
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 __all__ = [
     "Counts",
     "PassWork",
     "Read",
+    "Reads",
     "SpecCounts",
     "Step",
     "WorkResult",
+    "as_reads",
     "buffer_copy_id",
     "copy_id",
 ]
@@ -59,6 +66,115 @@ class Read:
     thresholds: tuple[int, ...]
     reasons: tuple[str, ...]
     batch: int
+
+
+class Reads(Sequence[Read]):
+    """Many ``Read``s kept as arrays: the copies packed (``PackedBuffers``), per key a column of
+    thresholds and one of reasons, the deciding batch and the copy id (computed once, for the
+    decision table and the ledger). A pass holds the reads of all its batches until its Spark
+    action: as objects that was about 400 bytes a copy, and the driver's memory grew with the
+    pass (docs/performance.md#driver-memory). Items are made on reading and are not kept; the
+    decision table and the ledger read the arrays."""
+
+    __slots__ = ("batches", "buffers", "copy_ids", "reasons", "thresholds")
+
+    def __init__(
+        self,
+        buffers: PackedBuffers,
+        thresholds: npt.NDArray[np.int64],
+        reasons: npt.NDArray[np.object_],
+        batches: npt.NDArray[np.int64],
+        copy_ids: npt.NDArray[np.int64],
+    ) -> None:
+        if not len(buffers) == len(thresholds) == len(reasons) == len(batches) == len(copy_ids):
+            raise ValueError("a read has one copy, one threshold and reason per key, a batch and a copy id")
+        self.buffers, self.thresholds, self.reasons = buffers, thresholds, reasons
+        self.batches, self.copy_ids = batches, copy_ids
+
+    @classmethod
+    def of(cls, reads: Iterable[Read], nkeys: int) -> Reads:
+        import numpy as np
+
+        items = list(reads)
+        n = len(items)
+        thresholds = np.array([r.thresholds for r in items], dtype=np.int64).reshape(n, nkeys)
+        reasons = np.empty((n, nkeys), dtype=object)
+        for i, r in enumerate(items):
+            reasons[i, :] = r.reasons
+        return cls(
+            PackedBuffers.of([r.buf for r in items], nkeys),
+            thresholds,
+            reasons,
+            np.fromiter((r.batch for r in items), dtype=np.int64, count=n),
+            np.fromiter((buffer_copy_id(r.buf) for r in items), dtype=np.int64, count=n),
+        )
+
+    @classmethod
+    def concat(cls, parts: Sequence[Reads], nkeys: int) -> Reads:
+        import numpy as np
+
+        parts = [p for p in parts if len(p)] or list(parts[:1])
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return cls.of([], nkeys)
+        return cls(
+            PackedBuffers.concat([p.buffers for p in parts], nkeys),
+            np.concatenate([p.thresholds for p in parts]),
+            np.concatenate([p.reasons for p in parts]),
+            np.concatenate([p.batches for p in parts]),
+            np.concatenate([p.copy_ids for p in parts]),
+        )
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    @overload
+    def __getitem__(self, index: int) -> Read: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Reads: ...
+
+    def __getitem__(self, index: int | slice) -> Read | Reads:
+        if isinstance(index, slice):  # views of the arrays, no copy
+            return Reads(
+                self.buffers[index],
+                self.thresholds[index],
+                self.reasons[index],
+                self.batches[index],
+                self.copy_ids[index],
+            )
+        return Read(
+            buf=self.buffers[index],
+            thresholds=tuple(self.thresholds[index].tolist()),
+            reasons=tuple(self.reasons[index].tolist()),
+            batch=int(self.batches[index]),
+        )
+
+    def __iter__(self) -> Iterator[Read]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def column(self, name: str) -> npt.NDArray[np.int64]:
+        """A packed field of every copy read (``PackedBuffers.column``)."""
+        return self.buffers.column(name)
+
+    def may_hold_late(self) -> npt.NDArray[np.bool_]:
+        """Per copy: decided by a batch of the pass, with tuples, and for some key an event time
+        below its threshold or none known (the scan did not read its event times)."""
+        import numpy as np
+
+        n, nkeys = self.thresholds.shape
+        below = np.zeros(n, dtype=bool)
+        for i in range(nkeys):
+            low = self.buffers.min_event_column(i)
+            below |= (low == NULL_TIME) | (low < self.thresholds[:, i])
+        return (self.batches > 0) & (self.column("tuples") > 0) & below
+
+
+def as_reads(reads: Sequence[Read], nkeys: int) -> Reads:
+    """``reads`` as ``Reads`` (no copy when they are)."""
+    return reads if isinstance(reads, Reads) else Reads.of(reads, nkeys)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,13 +12,13 @@ Either way a discarded duplicate copy is never read as data.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from replay.engine.archive import ArchiveLayout
 from replay.engine.archive_rows import read_parquet, time_micros
 from replay.engine.buffers import release_arrow_memory
-from replay.engine.passes import PassWork, Read, buffer_copy_id
+from replay.engine.passes import PassWork, Reads, as_reads
 from replay.engine.slices import Slice, file_rows, read_slices
 
 if TYPE_CHECKING:
@@ -28,23 +28,25 @@ if TYPE_CHECKING:
 __all__ = ["pass_rows", "q"]
 
 
-def _packing(reads: Sequence[Read]) -> tuple[int, int, int] | None:
+def _packing(reads: Reads) -> tuple[int, int, int] | None:
     """Bit widths ``(origin, sequence, chunk)`` that pack every read copy's identity into one
     non-negative long (``origin << (s + c) | sequence << c | chunk``), or ``None`` when they do
     not fit in 63 bits. Spark joins on one long key (a ``LongHashedRelation``) faster than on
     three columns."""
-    if not reads:
+    if not len(reads):
         return None
-    origin = max(r.buf.origin for r in reads).bit_length()
-    sequence = max(r.buf.sequence for r in reads).bit_length()
-    chunk = max(r.buf.chunk for r in reads).bit_length()
-    if min(min(r.buf.origin, r.buf.sequence, r.buf.chunk) for r in reads) < 0 or origin + sequence + chunk > 63:
+    columns = [reads.column(name) for name in ("origin", "sequence", "chunk")]
+    if min(int(c.min()) for c in columns) < 0:
+        return None
+    origin, sequence, chunk = (int(c.max()).bit_length() for c in columns)
+    if origin + sequence + chunk > 63:
         return None
     return origin, sequence, chunk
 
 
-def _pack(origin: int, sequence: int, chunk: int, bits: tuple[int, int, int]) -> int:
-    """A copy's identity packed with the widths of ``_packing`` (the decision table's ``d_id``)."""
+def _pack(origin: Any, sequence: Any, chunk: Any, bits: tuple[int, int, int]) -> Any:
+    """A copy's identity packed with the widths of ``_packing`` (the decision table's ``d_id``):
+    of integers, or element-wise of int64 arrays (the widths keep every value below 2**63)."""
     _, s_bits, c_bits = bits
     return (origin << (s_bits + c_bits)) | (sequence << c_bits) | chunk
 
@@ -63,56 +65,61 @@ def _packed(origin: Column, sequence: Column, chunk: Column, bits: tuple[int, in
 
 def _decision_frame(
     spark: SparkSession,
-    reads: Sequence[Read],
+    reads: Reads,
     work: PassWork,
     spark_paths: Mapping[str, str],
     nkeys: int,
     bits: tuple[int, int, int] | None,
     level: int,
 ) -> DataFrame:
-    """One row per copy read, built as an Arrow table (no per-row Python type checks, and no
-    Python list per integer column: each is filled straight into a numpy array), with the columns
+    """One row per copy read, built as an Arrow table from the reads' arrays (no Python object per
+    copy, except a file name where the join needs it), with the columns
     the join uses only: with ``bits`` (``_packing``), its packed identity, else its identity's
     three columns; the copy's file from check ``level`` 1, its row range at level 2 (see
     ``PassWork.check_level``)."""
     import numpy as np
     import pyarrow as pa
 
-    n = len(reads)
-
-    def longs(values: Iterator[int]) -> pa.Array:
-        return pa.array(np.fromiter(values, dtype=np.int64, count=n))
-
+    origin, sequence, chunk = (reads.column(name) for name in ("origin", "sequence", "chunk"))
     columns: dict[str, pa.Array] = {}
     if level >= 1:
-        columns["d_file"] = pa.array([spark_paths.get(r.buf.file, r.buf.file) for r in reads], pa.string())
+        files = reads.buffers.files
+        shown = [spark_paths.get(f, f) for f in files]
+        columns["d_file"] = pa.DictionaryArray.from_arrays(reads.buffers.file_of, pa.array(shown, pa.string())).cast(
+            pa.string()
+        )
     if bits is None:
-        columns["d_origin"] = longs(r.buf.origin for r in reads)
-        columns["d_sequence"] = longs(r.buf.sequence for r in reads)
-        columns["d_chunk"] = longs(r.buf.chunk for r in reads)
+        columns["d_origin"] = pa.array(origin)
+        columns["d_sequence"] = pa.array(sequence)
+        columns["d_chunk"] = pa.array(chunk)
     if level == 2:
-        columns["d_lo"] = longs(r.buf.row_start for r in reads)
-        columns["d_hi"] = longs(r.buf.row_start + r.buf.rows - 1 for r in reads)
-    columns["d_cid"] = longs(buffer_copy_id(r.buf) for r in reads)
+        row_start = reads.column("row_start")
+        columns["d_lo"] = pa.array(row_start)
+        columns["d_hi"] = pa.array(row_start + reads.column("rows") - 1)
+    columns["d_cid"] = pa.array(reads.copy_ids)
     if level >= 1:
-        columns["d_check"] = pa.array(np.fromiter((work.check_level(r.buf) for r in reads), dtype=np.int32, count=n))
-    columns["d_batch"] = longs(r.batch for r in reads)
+        columns["d_check"] = pa.array(np.array([work.check_level(buf) for buf in reads.buffers], dtype=np.int32))
+    columns["d_batch"] = pa.array(reads.batches)
     if bits is not None:
-        columns["d_id"] = longs(_pack(r.buf.origin, r.buf.sequence, r.buf.chunk, bits) for r in reads)
+        columns["d_id"] = pa.array(_pack(origin, sequence, chunk, bits))
     for i in range(nkeys):
-        columns[f"d_thr{i}"] = pa.array([r.thresholds[i] for r in reads], pa.int64())
-        columns[f"d_reason{i}"] = pa.array([r.reasons[i] for r in reads], pa.string())
+        columns[f"d_thr{i}"] = pa.array(np.ascontiguousarray(reads.thresholds[:, i]))
+        columns[f"d_reason{i}"] = pa.array(reads.reasons[:, i].tolist(), pa.string())
     frame = spark.createDataFrame(pa.table(columns))
     del columns
     release_arrow_memory()  # Spark holds the table now: what the driver built is given back
     return frame
 
 
-def _few_rows(reads: Sequence[Read]) -> bool:
+def _few_rows(reads: Reads) -> bool:
     """Whether the pass needs less than half of the rows of the (local) files it reads."""
-    needed = sum(r.buf.rows for r in reads)
+    import numpy as np
+
+    needed = int(reads.column("rows").sum())
     total = 0
-    for file in {r.buf.file for r in reads}:
+    files = reads.buffers.files
+    for index in np.unique(reads.buffers.file_of).tolist():
+        file = files[index]
         rows = file_rows(file)
         if rows is None:
             return False
@@ -120,7 +127,7 @@ def _few_rows(reads: Sequence[Read]) -> bool:
     return needed * 2 < total
 
 
-def _sliced(spark: SparkSession, reads: Sequence[Read], schema: StructType, nkeys: int) -> DataFrame:
+def _sliced(spark: SparkSession, reads: Reads, schema: StructType, nkeys: int) -> DataFrame:
     """The rows of ``reads`` read by their row ranges (``replay.engine.slices``), decision columns attached."""
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
@@ -128,8 +135,8 @@ def _sliced(spark: SparkSession, reads: Sequence[Read], schema: StructType, nkey
     for i in range(nkeys):
         fields += [StructField(f"d_thr{i}", LongType()), StructField(f"d_reason{i}", StringType())]
     slices: list[Slice] = []
-    for r in reads:
-        values: list[Any] = [buffer_copy_id(r.buf), r.batch]
+    for r, cid in zip(reads, reads.copy_ids.tolist(), strict=True):
+        values: list[Any] = [cid, r.batch]
         for i in range(nkeys):
             values += [r.thresholds[i], r.reasons[i]]
         slices.append((r.buf.file, r.buf.row_start, r.buf.rows, tuple(values)))
@@ -138,7 +145,7 @@ def _sliced(spark: SparkSession, reads: Sequence[Read], schema: StructType, nkey
 
 def _joined(
     spark: SparkSession,
-    reads: Sequence[Read],
+    reads: Reads,
     work: PassWork,
     layout: ArchiveLayout,
     schema: StructType,
@@ -146,14 +153,16 @@ def _joined(
     nkeys: int,
 ) -> DataFrame:
     """The rows of ``reads`` read by Spark's Parquet reader and joined to the pass's decisions."""
+    import numpy as np
     from pyspark.sql import functions as F
 
-    files = sorted({spark_paths.get(r.buf.file, r.buf.file) for r in reads})
+    names = reads.buffers.files
+    files = sorted({spark_paths.get(names[i], names[i]) for i in np.unique(reads.buffers.file_of).tolist()})
     raw = read_parquet(spark, schema, files)
     bits = _packing(reads)
     # A buffer with discarded copies elsewhere is matched by file too; when a copy shares its
     # file, by row range as well. Row positions are read only then.
-    level = max((work.check_level(r.buf) for r in reads), default=0)
+    level = max((work.check_level(buf) for buf in reads.buffers), default=0) if work.checked else 0
     decisions = _decision_frame(spark, reads, work, spark_paths, nkeys, bits, level)
     located: list[Column] = []
     if bits is not None:
@@ -191,8 +200,8 @@ def pass_rows(
     """The rows of ``work.reads`` with their decision, event times in microseconds and per-key flags."""
     from pyspark.sql import functions as F
 
-    reads = work.reads
     nkeys = len(layout.keys)
+    reads = as_reads(work.reads, nkeys)
     range_start, range_end = work.range
     joined = _sliced(spark, reads, schema, nkeys) if _few_rows(reads) else None
     if joined is None:

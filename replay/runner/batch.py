@@ -27,7 +27,7 @@ import os
 import signal
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +37,7 @@ from replay.core.progress import Decision, ProgressSnapshot
 from replay.engine.aggregate import run_pass
 from replay.engine.archive import ArchiveLayout
 from replay.engine.buffers import release_arrow_memory
-from replay.engine.passes import PassWork, Read, Step, WorkResult, buffer_copy_id, copy_id
+from replay.engine.passes import PassWork, Read, Reads, Step, WorkResult, buffer_copy_id, copy_id
 from replay.engine.schemas import table_schemas
 from replay.runner.dedup import other_copies
 from replay.runner.ledger import Ledger, account, check_ledger, ledger_row
@@ -112,7 +112,7 @@ class _Planned:
     token: str
     input: Batch
     snapshot: ProgressSnapshot
-    reads: list[Read]  # decided copies whose tuples the batch reads (the pass reads these objects)
+    reads: Reads  # decided copies whose tuples the batch reads, packed until the pass has read them
     skipped: list[Buffer]  # decided copies a backfill range does not need
     engine: dict[str, Any]  # the engine's state after the batch, and the buffers it holds
     held: list[Buffer]
@@ -143,8 +143,14 @@ def process(
         step, step_moved = _plan(ctx, state, batch_in, first + index)
         planned.append(step)
         moved = moved or step_moved
+    # The pass's reads in one set of arrays, each batch's a view of them: the driver holds them once.
+    pass_reads = Reads.concat([step.reads for step in planned], len(ctx.layout.keys))
+    at = 0
+    for index, step in enumerate(planned):
+        planned[index] = replace(step, reads=pass_reads[at : at + len(step.reads)])
+        at += len(step.reads)
     open_before = dict(state.commit.open_state) if state.commit else {}
-    results, open_after = _tuple_work(ctx, state, planned, moved, floor, open_before, spark)
+    results, open_after = _tuple_work(ctx, state, planned, pass_reads, moved, floor, open_before, spark)
     committed: list[tuple[Commit, dict[str, Any]]] = []
     carry = list(state.commit.carry) if state.commit else []
     for step in planned:
@@ -167,9 +173,11 @@ def _plan(ctx: RunContext, state: State, batch_in: Batch, batch: int) -> tuple[_
     engine = state.engine
     engine.join({k: sorted(v) for k, v in batch_in.join.items()})
     before = tuple(k.effective_watermark for k in engine.snapshot().keys)
-    for buf in batch_in.buffers:
+    buffers = list(batch_in.buffers)  # objects for this batch only (a run keeps them packed)
+    for buf in buffers:
         state.pending[buf.identity] = buf
-    decisions: list[Decision] = engine.feed(batch_in.buffers)
+    decisions: list[Decision] = engine.feed(buffers)
+    del buffers
     if batch_in.finish:
         decisions += engine.finish()
     snapshot = engine.snapshot()
@@ -188,7 +196,7 @@ def _plan(ctx: RunContext, state: State, batch_in: Batch, batch: int) -> tuple[_
         token=uuid.uuid4().hex[:8],
         input=batch_in,
         snapshot=snapshot,
-        reads=reads,
+        reads=Reads.of(reads, len(ctx.layout.keys)),
         skipped=skipped,
         engine=values,
         held=held,
@@ -219,6 +227,7 @@ def _tuple_work(
     ctx: RunContext,
     state: State,
     planned: Sequence[_Planned],
+    pass_reads: Reads,
     moved: bool,
     floor: tuple[int, ...],
     open_before: dict[str, str | None],
@@ -227,13 +236,16 @@ def _tuple_work(
     """The pass's Spark work, per batch (``None``: none needed), and the open-window state the
     pass leaves (paths under the checkpoint)."""
     store = ctx.store
-    if not any(r.buf.tuples for step in planned for r in step.reads) and not moved:
+    if not pass_reads.column("tuples").any() and not moved:
         # Nothing to aggregate (no reads, or punctuation only) and no watermark moved: no window
         # can change, so no Spark work.
         return None, open_before
     last = planned[-1]
-    reads = [Read(buf=buf, thresholds=thr, reasons=why, batch=0) for buf, thr, why in state.carry_reads]
-    reads += [r for step in planned for r in step.reads]
+    nkeys = len(ctx.layout.keys)
+    carried = Reads.of(
+        [Read(buf=buf, thresholds=thr, reasons=why, batch=0) for buf, thr, why in state.carry_reads], nkeys
+    )
+    reads = Reads.concat([carried, pass_reads], nkeys)
     work = PassWork(
         reads=reads,
         steps=[
@@ -277,8 +289,8 @@ def _commit(
     key_index = {k.name: i for i, k in enumerate(ctx.layout.keys)}
     _count_reads(state.ledger, step)
     if result is None:
-        for r in step.reads:
-            state.ledger.processed_xor ^= buffer_copy_id(r.buf)
+        for cid in step.reads.copy_ids.tolist():
+            state.ledger.processed_xor ^= cid
     else:
         account(state.ledger, step.reads, result, ctx.config, key_index, len(ctx.layout.keys), batch)
     check_ledger(state.ledger, step.pending, ctx.config, key_index, batch)

@@ -340,7 +340,7 @@ class _Runner:
         for group in plan_passes(plan, config):
             batches = [
                 Batch(
-                    buffers=list(plan[index]),  # a pass's buffers are objects while it runs
+                    buffers=plan[index],
                     join=participants if index == 0 and done == 0 else {},
                     discarded=discarded if index == 0 else [],
                     finish=index == len(plan) - 1,

@@ -7,13 +7,14 @@ cannot be.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from replay.core.buffer import Buffer
+from replay.engine.passes import Read, Reads
 from replay.engine.rows import _pack, _packed, _packing
 
 identities = st.lists(
@@ -21,8 +22,26 @@ identities = st.lists(
 )  # up to 66 bits together: packed or not
 
 
-def _reads(ids: list[tuple[int, int, int]]) -> list[Any]:
-    return [SimpleNamespace(buf=SimpleNamespace(origin=o, sequence=s, chunk=c)) for o, s, c in ids]
+def _reads(ids: list[tuple[int, int, int]]) -> Reads:
+    def buf(origin: int, sequence: int, chunk: int) -> Buffer:
+        return Buffer(
+            origin=origin,
+            sequence=sequence,
+            chunk=chunk,
+            last_chunk=False,
+            watermarks=(None,),
+            min_event=(None,),
+            max_event=(None,),
+            ingest=None,
+            idle=False,
+            tuples=1,
+            rows=1,
+            file="f.parquet",
+            row_start=0,
+            content_hash="",
+        )
+
+    return Reads.of([Read(buf=buf(*i), thresholds=(0,), reasons=("",), batch=1) for i in ids], nkeys=1)
 
 
 @given(identities)
@@ -33,6 +52,10 @@ def test_a_packed_key_is_one_per_identity_and_fits_a_signed_long(ids: list[tuple
     if bits is not None:
         keys = {identity: _pack(*identity, bits) for identity in set(ids)}
         assert len(set(keys.values())) == len(keys)
+        # The decision table packs the arrays of a pass's reads with the same formula.
+        reads = _reads(ids)
+        columns = (reads.column(name) for name in ("origin", "sequence", "chunk"))
+        assert _pack(*columns, bits).tolist() == [keys[identity] for identity in ids]
         assert all(0 <= key < 2**63 for key in keys.values())
         # Unpacking gives the identity back: the widths hold every component.
         _, s_bits, c_bits = bits
@@ -45,7 +68,7 @@ def test_the_widths_are_those_of_the_largest_values_up_to_63_bits() -> None:
     assert _packing(_reads([(16, 1000, 3)])) == (5, 10, 2)
     assert _packing(_reads([(2**40 - 1, 2**20 - 1, 2**3 - 1)])) == (40, 20, 3)  # 63 bits: packed
     assert _packing(_reads([(2**40, 2**20 - 1, 2**3 - 1)])) is None  # 64 bits: three columns
-    assert _packing([]) is None
+    assert _packing(_reads([])) is None
 
 
 @pytest.mark.spark

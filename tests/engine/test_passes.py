@@ -1,0 +1,68 @@
+"""A pass's reads kept as arrays (``replay.engine.passes.Reads``): every read comes back as it
+was given, concatenation keeps order, and the array rules agree with the per-copy ones."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from replay.core.buffer import Buffer
+from replay.engine.passes import Read, Reads, buffer_copy_id
+
+_TIME = st.none() | st.integers(min_value=-5, max_value=5)
+
+
+@st.composite
+def _reads(draw: st.DrawFn, nkeys: int = 2) -> list[Read]:
+    identities = draw(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5), st.integers(0, 2)), max_size=12))
+    return [
+        Read(
+            buf=Buffer(
+                origin=o,
+                sequence=s,
+                chunk=c,
+                last_chunk=draw(st.booleans()),
+                watermarks=tuple(draw(_TIME) for _ in range(nkeys)),
+                min_event=tuple(draw(_TIME) for _ in range(nkeys)),
+                max_event=tuple(draw(_TIME) for _ in range(nkeys)),
+                ingest=draw(_TIME),
+                idle=False,
+                tuples=draw(st.integers(0, 3)),
+                rows=draw(st.integers(1, 3)),
+                file=draw(st.sampled_from(["a.parquet", "b.parquet"])),
+                row_start=draw(st.integers(0, 9)),
+                content_hash=draw(st.sampled_from(["", "v2:aa"])),
+            ),
+            thresholds=tuple(draw(st.integers(-6, 6)) for _ in range(nkeys)),
+            reasons=tuple(draw(st.sampled_from(["", "behind_origin", "behind_global"])) for _ in range(nkeys)),
+            batch=draw(st.integers(0, 3)),
+        )
+        for o, s, c in identities
+    ]
+
+
+@given(_reads(), _reads())
+def test_reads_come_back_as_given_and_concatenate_in_order(first: list[Read], second: list[Read]) -> None:
+    a, b = Reads.of(first, nkeys=2), Reads.of(second, nkeys=2)
+    assert list(a) == first and len(a) == len(first)
+    assert a.copy_ids.tolist() == [buffer_copy_id(r.buf) for r in first]
+    both = Reads.concat([a, b], nkeys=2)
+    assert list(both) == first + second
+    assert both.copy_ids.tolist() == a.copy_ids.tolist() + b.copy_ids.tolist()
+    assert list(Reads.concat([Reads.of([], nkeys=2), b], nkeys=2)) == second
+    cut = len(first)  # a batch's reads are a slice of its pass's
+    assert list(both[:cut]) == first and list(both[cut:]) == second
+    assert both[cut:].copy_ids.tolist() == b.copy_ids.tolist()
+
+
+@given(_reads())
+def test_only_copies_below_a_threshold_may_hold_late_tuples(reads: list[Read]) -> None:
+    """A copy decided in the pass, with tuples, whose smallest event time for some key is below that
+    key's threshold (or unknown) may hold a late tuple; no other can."""
+    expected = [
+        r.batch > 0
+        and r.buf.tuples > 0
+        and any(lo is None or lo < thr for lo, thr in zip(r.buf.min_event, r.thresholds, strict=True))
+        for r in reads
+    ]
+    assert Reads.of(reads, nkeys=2).may_hold_late().tolist() == expected

@@ -355,7 +355,7 @@ class _Runner:
                 batches_done += 1
                 self.event("batch", batches_done, len(plan))
             for index in group:
-                plan[index] = plan[index][:0]  # committed: the driver keeps no buffer of a pass done
+                plan[index] = plan[index][:0]  # committed (the run's packed array stays to its end)
             del batches
         assert commit is not None
         return self._finish_version(

@@ -30,6 +30,7 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from replay.core.buffer import Buffer
 from replay.core.timeutil import from_datetime
 from replay.generate_options import GenerateOptions
 
@@ -42,9 +43,34 @@ __all__ = [
     "TIMESTAMP",
     "Nanos",
     "archive_table",
+    "buffer",
     "buffer_rows",
     "write_archive",
 ]
+
+
+def buffer(**fields: Any) -> Buffer:
+    """A one-key buffer's metadata (``replay.core.buffer.Buffer``) for unit tests: ``fields`` over
+    origin 1, sequence 1, chunk 1, a last chunk of one tuple in one row at row 0 of ``f.parquet``,
+    no watermark, event times or ingest time, no content hash."""
+    defaults: dict[str, Any] = {
+        "origin": 1,
+        "sequence": 1,
+        "chunk": 1,
+        "last_chunk": True,
+        "watermarks": (None,),
+        "min_event": (None,),
+        "max_event": (None,),
+        "ingest": None,
+        "idle": False,
+        "tuples": 1,
+        "rows": 1,
+        "file": "f.parquet",
+        "row_start": 0,
+        "content_hash": "",
+    }
+    return Buffer(**(defaults | fields))
+
 
 #: A small generated archive (``replay.generate``) with every feature: a gap, duplicates, late
 #: tuples, chunked sequences, three origins and files. Tests vary it with ``dataclasses.replace``.

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["NULL_TIME", "Buffer", "Conflict", "DuplicateCopy", "PackedBuffers", "pack_buffers", "pack_records"]
+__all__ = ["NULL_TIME", "Buffer", "Conflict", "DuplicateCopy", "PackedBuffers", "pack_records"]
 
 # A missing time, packed: the smallest 64-bit integer, which no archive time reaches (nanoseconds
 # are floored to microseconds, milliseconds multiplied); reads back as ``None``.
@@ -117,7 +117,7 @@ class Buffer:
 
     @classmethod
     def from_packed(cls, packed: bytes, file: str, content_hash: str) -> Buffer:
-        """A buffer from one record of ``pack_buffers``."""
+        """A buffer from the bytes of one record of ``pack_records``."""
         buffer = cls.__new__(cls)
         object.__setattr__(buffer, "_packed", packed)
         object.__setattr__(buffer, "file", file)
@@ -248,18 +248,6 @@ def pack_records(
     for i, values in enumerate((*watermarks, *min_event, *max_event)):
         records[f"t{i}"] = values
     return records
-
-
-def pack_buffers(
-    columns: dict[str, npt.NDArray[np.int64]],
-    watermarks: Sequence[npt.NDArray[np.int64]],
-    min_event: Sequence[npt.NDArray[np.int64]],
-    max_event: Sequence[npt.NDArray[np.int64]],
-) -> tuple[bytes, int]:
-    """``pack_records`` as bytes: ``(records, width)``, buffer ``i`` being
-    ``records[i * width:(i + 1) * width]`` (``Buffer.from_packed``)."""
-    records = pack_records(columns, watermarks, min_event, max_event)
-    return records.tobytes(), records.dtype.itemsize
 
 
 class PackedBuffers(Sequence[Buffer]):

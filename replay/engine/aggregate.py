@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from replay.core.config import JobConfig, WindowSpec
 from replay.engine.archive import ArchiveLayout
 from replay.engine.archive_rows import time_value
-from replay.engine.passes import Counts, PassWork, SpecCounts, Step, WorkResult, as_reads
+from replay.engine.passes import Counts, PassWork, SpecCounts, Step, WorkResult
 from replay.engine.rows import pass_rows, q
 from replay.engine.schemas import table_structs
 from replay.engine.sink import RESULT_SCHEMA, Part, Written, keep_only, sink
@@ -182,7 +182,7 @@ def run_pass(
     windows_struct, late_struct = table_structs(config, schema, layout)
     range_start, range_end = work.range
     steps = list(work.steps)
-    reads = as_reads(work.reads, nkeys)
+    reads = work.reads
     carried = bool((reads.batches == 0).any())
 
     branches: list[DataFrame] = []

@@ -24,7 +24,6 @@ __all__ = [
     "SpecCounts",
     "Step",
     "WorkResult",
-    "as_reads",
     "buffer_copy_id",
     "copy_id",
 ]
@@ -172,11 +171,6 @@ class Reads(Sequence[Read]):
         return (self.batches > 0) & (self.column("tuples") > 0) & below
 
 
-def as_reads(reads: Sequence[Read], nkeys: int) -> Reads:
-    """``reads`` as ``Reads`` (no copy when they are)."""
-    return reads if isinstance(reads, Reads) else Reads.of(reads, nkeys)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PassWork:
     """What one pass (one Spark action over one or more consecutive micro-batches) must do.
@@ -193,7 +187,7 @@ class PassWork:
     copies are in other files, and by file and row range when one shares the copy's file.
     """
 
-    reads: Sequence[Read]
+    reads: Reads
     steps: Sequence[Step]
     floor: tuple[int, ...]
     open_state: Mapping[str, str | None]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from replay.engine.archive import ArchiveLayout
 from replay.engine.archive_rows import read_parquet, time_micros
 from replay.engine.buffers import release_arrow_memory
-from replay.engine.passes import PassWork, Reads, as_reads
+from replay.engine.passes import PassWork, Reads
 from replay.engine.slices import Slice, file_rows, read_slices
 
 if TYPE_CHECKING:
@@ -201,7 +201,7 @@ def pass_rows(
     from pyspark.sql import functions as F
 
     nkeys = len(layout.keys)
-    reads = as_reads(work.reads, nkeys)
+    reads = work.reads
     range_start, range_end = work.range
     joined = _sliced(spark, reads, schema, nkeys) if _few_rows(reads) else None
     if joined is None:

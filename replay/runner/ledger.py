@@ -7,14 +7,14 @@ the XOR of those processed, pending and discarded.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from replay.core.buffer import Buffer
 from replay.core.config import JobConfig
 from replay.core.errors import LedgerError, Location
-from replay.engine.passes import Read, WorkResult, as_reads, buffer_copy_id
+from replay.engine.passes import Reads, WorkResult, buffer_copy_id
 
 __all__ = ["Ledger", "account", "check_ledger", "ledger_row"]
 
@@ -136,7 +136,7 @@ def ledger_row(
 
 def account(
     ledger: Ledger,
-    reads: Sequence[Read],
+    reads: Reads,
     result: WorkResult,
     config: JobConfig,
     key_index: Mapping[str, int],
@@ -144,11 +144,10 @@ def account(
     batch: int,
 ) -> None:
     """Check what Spark saw against the metadata scan, then add the batch to the ledger."""
-    packed = as_reads(reads, nkeys)
-    ids: list[int] = packed.copy_ids.tolist()
-    rows: list[int] = packed.column("rows").tolist()
+    ids: list[int] = reads.copy_ids.tolist()
+    rows: list[int] = reads.column("rows").tolist()
     expected_rows = sum(rows)
-    expected_tuples = int(packed.column("tuples").sum())
+    expected_tuples = int(reads.column("tuples").sum())
     # Python integers: a sum of rows times a 32-bit half can pass 2**63.
     expected_lo = sum(n * (cid & 0xFFFFFFFF) for n, cid in zip(rows, ids, strict=True))
     expected_hi = sum(n * (cid >> 32) for n, cid in zip(rows, ids, strict=True))
@@ -162,13 +161,13 @@ def account(
         raise LedgerError(
             f"Spark read {seen[0]} rows ({seen[1]} tuples) of the batch's {len(reads)} buffer copies, whose "
             f"scan counted {expected_rows} rows ({expected_tuples} tuples), or read other copies than those",
-            where=Location(file=packed.buffers[0].file, extra={"batch": batch}),
+            where=Location(file=reads.buffers[0].file, extra={"batch": batch}),
             todo="a file changed while the run read it: let the archiver finish writing and run again",
         )
     if counts is not None and result.late_rows != sum(counts.late):
         raise LedgerError(
             f"the batch wrote {result.late_rows} rows to the late table but counted {sum(counts.late)} late tuples",
-            where=Location(file=packed.buffers[0].file, extra={"batch": batch}),
+            where=Location(file=reads.buffers[0].file, extra={"batch": batch}),
             todo="nothing was committed for this batch; report this with the archive and the checkpoint",
         )
     for cid in ids:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replay.core.buffer import NULL_TIME, Buffer, PackedBuffers, pack_buffers
+from replay.core.buffer import NULL_TIME, Buffer, PackedBuffers, pack_records
 from replay.core.errors import BadBufferError
 from replay.core.progress import arrival_order
 from replay.engine.copy_checks import check_sequences
@@ -58,8 +58,8 @@ def test_equal_exactly_when_every_field_is(a: dict[str, Any], b: dict[str, Any])
 
 @given(st.lists(_fields(nkeys=2), min_size=1, max_size=20))
 def test_packed_columns_are_the_buffers_of_their_rows(rows: list[dict[str, Any]]) -> None:
-    """``pack_buffers`` (the metadata scan's path: no Python object per value) packs each row as
-    the constructor does."""
+    """``pack_records`` (the metadata scan's path: no Python object per value) packs each row as
+    the constructor does: the ``PackedBuffers`` over them reads back each row's ``Buffer``."""
 
     def column(name: str) -> np.ndarray:
         return np.array([NULL_TIME if r[name] is None else int(r[name]) for r in rows], dtype=np.int64)
@@ -68,16 +68,22 @@ def test_packed_columns_are_the_buffers_of_their_rows(rows: list[dict[str, Any]]
         return np.array([NULL_TIME if r[name][k] is None else r[name][k] for r in rows], dtype=np.int64)
 
     names = ("origin", "sequence", "chunk", "row_start", "tuples", "rows", "ingest", "last_chunk", "idle")
-    records, width = pack_buffers(
+    records = pack_records(
         {name: column(name) for name in names},
         [times("watermarks", k) for k in range(2)],
         [times("min_event", k) for k in range(2)],
         [times("max_event", k) for k in range(2)],
     )
-    for i, row in enumerate(rows):
-        packed = Buffer.from_packed(records[i * width : (i + 1) * width], row["file"], row["content_hash"])
-        assert packed == Buffer(**row)
-        assert packed.fields() == row
+    packed = PackedBuffers(
+        records,
+        np.arange(len(rows), dtype=np.int32),
+        [row["file"] for row in rows],
+        np.array([i if row["content_hash"] else -1 for i, row in enumerate(rows)], dtype=np.int32),
+        [row["content_hash"] for row in rows],
+    )
+    for buffer, row in zip(packed, rows, strict=True):
+        assert buffer == Buffer(**row)
+        assert buffer.fields() == row
 
 
 def test_immutable_and_checked() -> None:

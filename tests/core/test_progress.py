@@ -12,6 +12,7 @@ from replay.core.buffer import Buffer
 from replay.core.errors import WatermarkRegressionError
 from replay.core.progress import BEHIND_GLOBAL, BEHIND_ORIGIN, KeySettings, ProgressEngine, arrival_order
 from replay.core.timeutil import NEG_INF
+from tests._archives import buffer
 
 
 def buf(
@@ -24,20 +25,14 @@ def buf(
     ingest: int | None = None,
     idle: bool = False,
 ) -> Buffer:
-    return Buffer(
+    return buffer(
         origin=origin,
         sequence=seq,
         chunk=chunk,
         last_chunk=last,
         watermarks=(wm,),
-        min_event=(None,),
-        max_event=(None,),
         ingest=ingest,
         idle=idle,
-        tuples=1,
-        rows=1,
-        file="f.parquet",
-        row_start=0,
         content_hash="x",
     )
 
@@ -285,8 +280,8 @@ def test_global_watermark_never_decreases(buffers: list[Buffer], mode: str, gap:
     eng = engine(mode, origins=origins, gap_policy=gap, idle_timeout=timeout)
     seen = [NEG_INF]
     ordered = arrival_order(buffers)
-    for buffer in ordered:
-        eng.feed([buffer])
+    for fed in ordered:
+        eng.feed([fed])
         seen.append(eng.snapshot().key("default").global_watermark)
     eng.finish()
     seen.append(eng.snapshot().key("default").global_watermark)

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replay.core.buffer import Buffer
 from replay.engine.passes import Read, Reads
 from replay.engine.rows import _pack, _packed, _packing
+from tests._archives import buffer
 
 identities = st.lists(
     st.tuples(st.integers(1, 2**24), st.integers(1, 2**34), st.integers(0, 2**8)), min_size=1, max_size=40
@@ -23,25 +23,10 @@ identities = st.lists(
 
 
 def _reads(ids: list[tuple[int, int, int]]) -> Reads:
-    def buf(origin: int, sequence: int, chunk: int) -> Buffer:
-        return Buffer(
-            origin=origin,
-            sequence=sequence,
-            chunk=chunk,
-            last_chunk=False,
-            watermarks=(None,),
-            min_event=(None,),
-            max_event=(None,),
-            ingest=None,
-            idle=False,
-            tuples=1,
-            rows=1,
-            file="f.parquet",
-            row_start=0,
-            content_hash="",
-        )
-
-    return Reads.of([Read(buf=buf(*i), thresholds=(0,), reasons=("",), batch=1) for i in ids], nkeys=1)
+    reads = [
+        Read(buf=buffer(origin=o, sequence=s, chunk=c), thresholds=(0,), reasons=("",), batch=1) for o, s, c in ids
+    ]
+    return Reads.of(reads, nkeys=1)
 
 
 @given(identities)

@@ -8,22 +8,16 @@ import pytest
 from replay.core.buffer import Buffer, PackedBuffers
 from replay.core.config import parse_config
 from replay.runner.plan import plan_batches, plan_passes, relevant
+from tests._archives import buffer
 
 
 def _buf(seq: int, tuples: int, lo: int | None = None, hi: int | None = None) -> Buffer:
-    return Buffer(
-        origin=1,
+    return buffer(
         sequence=seq,
-        chunk=1,
-        last_chunk=True,
-        watermarks=(None,),
         min_event=(lo,),
         max_event=(hi,),
-        ingest=None,
-        idle=False,
         tuples=tuples,
         rows=max(tuples, 1),
-        file="f.parquet",
         row_start=seq,
         content_hash="h",
     )

@@ -29,6 +29,7 @@ from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from hypothesis import strategies as st
 
 from replay.core.buffer import Buffer
 from replay.core.timeutil import from_datetime
@@ -44,9 +45,38 @@ __all__ = [
     "Nanos",
     "archive_table",
     "buffer",
+    "buffer_fields",
     "buffer_rows",
     "write_archive",
 ]
+
+
+# -2^63 is the packed form of a missing time (``NULL_TIME``): it reads back as ``None``.
+_INT64 = st.integers(min_value=-(2**63) + 1, max_value=2**63 - 1)
+_TIME = st.none() | _INT64
+
+
+@st.composite
+def buffer_fields(draw: st.DrawFn, nkeys: int | None = None) -> dict[str, Any]:
+    """A ``Buffer``'s constructor arguments, any 64-bit values (``nkeys``: 1 to 4 when ``None``)."""
+    nkeys = draw(st.integers(min_value=1, max_value=4)) if nkeys is None else nkeys
+    times = st.tuples(*[_TIME] * nkeys)
+    return {
+        "origin": draw(_INT64),
+        "sequence": draw(_INT64),
+        "chunk": draw(_INT64),
+        "last_chunk": draw(st.booleans()),
+        "watermarks": draw(times),
+        "min_event": draw(times),
+        "max_event": draw(times),
+        "ingest": draw(_TIME),
+        "idle": draw(st.booleans()),
+        "tuples": draw(_INT64),
+        "rows": draw(_INT64),
+        "file": draw(st.text(max_size=20)),
+        "row_start": draw(_INT64),
+        "content_hash": draw(st.sampled_from(["", "ab" * 16])),
+    }
 
 
 def buffer(**fields: Any) -> Buffer:

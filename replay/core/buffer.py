@@ -371,9 +371,23 @@ class PackedBuffers(Sequence[Buffer]):
         """The files ``file_of`` points into (shared by slices and selections; some may be unused)."""
         return self._files
 
+    @property
+    def hash_of(self) -> npt.NDArray[np.int32]:
+        """Each buffer's content hash, as its position in ``hashes`` (``-1``: none)."""
+        return self._hash_of
+
+    @property
+    def hashes(self) -> Sequence[str]:
+        """The content hashes ``hash_of`` points into."""
+        return self._hashes
+
     def min_event_column(self, key: int) -> npt.NDArray[np.int64]:
         """Key ``key``'s smallest event time of every buffer (``NULL_TIME``: none known), a view."""
         return self._records[f"t{self._nkeys() + key}"]
+
+    def max_event_column(self, key: int) -> npt.NDArray[np.int64]:
+        """Key ``key``'s largest event time of every buffer (``NULL_TIME``: none known), a view."""
+        return self._records[f"t{2 * self._nkeys() + key}"]
 
     def _nkeys(self) -> int:
         return (self._records.dtype.itemsize - _HEAD.size) // 24
@@ -381,6 +395,10 @@ class PackedBuffers(Sequence[Buffer]):
     def last_chunks(self) -> npt.NDArray[np.bool_]:
         """Whether each buffer is its sequence's last chunk."""
         return (self._records["flags"] & _LAST_CHUNK) != 0  # type: ignore[no-any-return]
+
+    def idles(self) -> npt.NDArray[np.bool_]:
+        """Whether each buffer is an idle marker."""
+        return (self._records["flags"] & _IDLE) != 0  # type: ignore[no-any-return]
 
     def take(self, indices: npt.NDArray[np.intp] | Sequence[int]) -> PackedBuffers:
         """The buffers at ``indices``, in their order."""

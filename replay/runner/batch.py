@@ -366,7 +366,8 @@ def _stage(
     write_parquet(progress_table(step.batch, step.snapshot), progress_file)
     _state.write_buffers(store.root / f"{stem}-buffers.parquet", step.input.buffers, nkeys)
     if carried:
-        _state.write_reads(store.root / step.reads_file, [(r.buf, r.thresholds, r.reasons) for r in step.reads], nkeys)
+        reads = step.reads
+        _state.write_reads(store.root / step.reads_file, reads.buffers, reads.thresholds, reads.reasons, nkeys)
     discarded_rel = previous.discarded if previous else None
     if step.input.discarded:
         discarded_rel = f"{stem}-discarded.parquet"

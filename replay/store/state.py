@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from replay.core.buffer import Buffer
+from replay.core.buffer import NULL_TIME, Buffer, PackedBuffers
 
 __all__ = [
     "Discarded",
@@ -47,43 +49,65 @@ class Discarded:
     kept_file: str
 
 
-def _optional_list(values: Sequence[int | None]) -> pa.Array:
-    return pa.array(values, type=pa.int64())
-
-
 def write_buffers(path: Path, buffers: Sequence[Buffer], nkeys: int) -> None:
     """Write ``buffers`` (their order is kept) to a Parquet file at ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table(_buffer_columns(buffers, nkeys)), path)
 
 
+def _ints(values: npt.NDArray[np.int64]) -> pa.Array:
+    """A packed field (a strided view into the records) as an int64 column."""
+    return pa.array(np.ascontiguousarray(values), type=pa.int64())
+
+
+def _times(values: npt.NDArray[np.int64]) -> pa.Array:
+    """Packed times as an int64 column, ``NULL_TIME`` as null."""
+    return pa.array(np.ascontiguousarray(values), type=pa.int64(), mask=values == NULL_TIME)
+
+
 def _buffer_columns(buffers: Sequence[Buffer], nkeys: int) -> dict[str, pa.Array]:
+    """The columns of ``buffers``, built from their packed arrays (``PackedBuffers``): no Python
+    object per value. A batch writes every buffer it fed (a whole run's in one batch)."""
+    packed = buffers if isinstance(buffers, PackedBuffers) else PackedBuffers.of(buffers, nkeys)
+    hash_of = packed.hash_of
     columns: dict[str, pa.Array] = {
-        "origin": pa.array([b.origin for b in buffers], type=pa.int64()),
-        "sequence": pa.array([b.sequence for b in buffers], type=pa.int64()),
-        "chunk": pa.array([b.chunk for b in buffers], type=pa.int64()),
-        "last_chunk": pa.array([b.last_chunk for b in buffers], type=pa.bool_()),
-        "ingest": _optional_list([b.ingest for b in buffers]),
-        "idle": pa.array([b.idle for b in buffers], type=pa.bool_()),
-        "tuples": pa.array([b.tuples for b in buffers], type=pa.int64()),
-        "rows": pa.array([b.rows for b in buffers], type=pa.int64()),
-        "file": pa.array([b.file for b in buffers], type=pa.string()),
-        "row_start": pa.array([b.row_start for b in buffers], type=pa.int64()),
-        "content_hash": pa.array([b.content_hash for b in buffers], type=pa.string()),
+        "origin": _ints(packed.column("origin")),
+        "sequence": _ints(packed.column("sequence")),
+        "chunk": _ints(packed.column("chunk")),
+        "last_chunk": pa.array(packed.last_chunks()),
+        "ingest": _times(packed.column("ingest")),
+        "idle": pa.array(packed.idles()),
+        "tuples": _ints(packed.column("tuples")),
+        "rows": _ints(packed.column("rows")),
+        "file": pa.DictionaryArray.from_arrays(
+            pa.array(packed.file_of, pa.int32()), pa.array(packed.files or [""], pa.string())
+        ).cast(pa.string()),
+        "row_start": _ints(packed.column("row_start")),
+        "content_hash": pa.DictionaryArray.from_arrays(
+            pa.array(np.where(hash_of < 0, 0, hash_of + 1), pa.int32()),
+            pa.array(["", *packed.hashes], pa.string()),
+        ).cast(pa.string()),
     }
     for i in range(nkeys):
-        columns[f"wm{i}"] = _optional_list([b.watermarks[i] for b in buffers])
-        columns[f"ev{i}_min"] = _optional_list([b.min_event[i] for b in buffers])
-        columns[f"ev{i}_max"] = _optional_list([b.max_event[i] for b in buffers])
+        columns[f"wm{i}"] = _times(packed.watermark_column(i))
+        columns[f"ev{i}_min"] = _times(packed.min_event_column(i))
+        columns[f"ev{i}_max"] = _times(packed.max_event_column(i))
     return columns
 
 
-def write_reads(path: Path, reads: Sequence[tuple[Buffer, Sequence[int], Sequence[str]]], nkeys: int) -> None:
-    """Write the copies a batch read with their decisions (thresholds and reasons per key), in order."""
-    columns = _buffer_columns([buf for buf, _, _ in reads], nkeys)
+def write_reads(
+    path: Path,
+    buffers: PackedBuffers,
+    thresholds: npt.NDArray[np.int64],
+    reasons: npt.NDArray[np.object_],
+    nkeys: int,
+) -> None:
+    """Write the copies a batch read (``buffers``) with their decisions, in order: per copy and key
+    its threshold and reason (``thresholds`` and ``reasons``, one row per copy)."""
+    columns = _buffer_columns(buffers, nkeys)
     for i in range(nkeys):
-        columns[f"thr{i}"] = pa.array([thresholds[i] for _, thresholds, _ in reads], type=pa.int64())
-        columns[f"reason{i}"] = pa.array([reasons[i] for _, _, reasons in reads], type=pa.string())
+        columns[f"thr{i}"] = pa.array(np.ascontiguousarray(thresholds[:, i]), type=pa.int64())
+        columns[f"reason{i}"] = pa.array(reasons[:, i].tolist(), type=pa.string())
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table(columns), path)
 

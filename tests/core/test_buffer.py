@@ -14,35 +14,10 @@ from replay.core.buffer import NULL_TIME, Buffer, PackedBuffers, pack_records
 from replay.core.errors import BadBufferError
 from replay.core.progress import arrival_order
 from replay.engine.copy_checks import check_sequences
-
-# -2^63 is the packed form of a missing time (``NULL_TIME``): it reads back as ``None``.
-_INT64 = st.integers(min_value=-(2**63) + 1, max_value=2**63 - 1)
-_TIME = st.none() | _INT64
+from tests._archives import buffer_fields
 
 
-@st.composite
-def _fields(draw: st.DrawFn, nkeys: int | None = None) -> dict[str, Any]:
-    nkeys = draw(st.integers(min_value=1, max_value=4)) if nkeys is None else nkeys
-    times = st.tuples(*[_TIME] * nkeys)
-    return {
-        "origin": draw(_INT64),
-        "sequence": draw(_INT64),
-        "chunk": draw(_INT64),
-        "last_chunk": draw(st.booleans()),
-        "watermarks": draw(times),
-        "min_event": draw(times),
-        "max_event": draw(times),
-        "ingest": draw(_TIME),
-        "idle": draw(st.booleans()),
-        "tuples": draw(_INT64),
-        "rows": draw(_INT64),
-        "file": draw(st.text(max_size=20)),
-        "row_start": draw(_INT64),
-        "content_hash": draw(st.sampled_from(["", "ab" * 16])),
-    }
-
-
-@given(_fields())
+@given(buffer_fields())
 def test_every_field_reads_back(fields: dict[str, Any]) -> None:
     buf = Buffer(**fields)
     assert buf.fields() == fields
@@ -51,12 +26,12 @@ def test_every_field_reads_back(fields: dict[str, Any]) -> None:
     assert buf.replace() == buf and hash(buf.replace()) == hash(buf)
 
 
-@given(_fields(), _fields())
+@given(buffer_fields(), buffer_fields())
 def test_equal_exactly_when_every_field_is(a: dict[str, Any], b: dict[str, Any]) -> None:
     assert (Buffer(**a) == Buffer(**b)) == (a == b)
 
 
-@given(st.lists(_fields(nkeys=2), min_size=1, max_size=20))
+@given(st.lists(buffer_fields(nkeys=2), min_size=1, max_size=20))
 def test_packed_columns_are_the_buffers_of_their_rows(rows: list[dict[str, Any]]) -> None:
     """``pack_records`` (the metadata scan's path: no Python object per value) packs each row as
     the constructor does: the ``PackedBuffers`` over them reads back each row's ``Buffer``."""

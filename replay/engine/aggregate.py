@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replay.core.config import JobConfig, WindowSpec
+from replay.core.errors import LedgerError, Location
 from replay.engine.archive import ArchiveLayout
 from replay.engine.archive_rows import time_value
 from replay.engine.passes import Counts, PassWork, SpecCounts, Step, WorkResult
@@ -247,20 +248,25 @@ def run_pass(
     # two consumers Spark did not compute once: docs/performance.md).
     terms = _count_terms(specs, spec_cols, key_index, nkeys) if rows_frame is not None else []
     terms = _packed(terms, int(reads.column("rows").sum()))
+    # A pass of several batches whose batches' counts follow from the pass's totals (``_derives``)
+    # counts like a pass of one batch, and splits the rows outside every window by batch.
+    derive = rows_frame is not None and len(steps) > 1 and _derives(specs, spec_cols, nkeys)
+    counted = ["batch", *[name for name, _ in terms]]  # a counts row: the batch, then its sums
     metrics: Observation | None = None
     observed: DataFrame | None = None  # the rows with the batch's counts attached: in the plan exactly once
     ride: list[Column] = []  # the counts as extra aggregates of the first window aggregation's partials
-    if rows_frame is not None and len(steps) == 1:
+    if rows_frame is not None and (len(steps) == 1 or derive):
         metrics = Observation(f"pass_{uuid.uuid4().hex[:8]}")
-        b = steps[0].batch
-        mine = F.col("d_batch") == F.lit(b)  # not the carried copies (batch 0): counted when decided
+        suffix = str(steps[0].batch) if len(steps) == 1 else _PASS
+        # Not the carried copies (batch 0): counted when decided.
+        mine = F.col("d_batch") == F.lit(steps[0].batch) if len(steps) == 1 else F.col("d_batch") > 0
         if specs:
             # ``_first``: a row once, though a sliding window's partials see it once per window.
             ride = [F.sum(F.when(F.col("_first") & mine, value)).alias(f"_c_{name}") for name, value in terms]
         else:
             observed = rows_frame.observe(
                 metrics,
-                *[F.coalesce(F.sum(F.when(mine, value)), F.lit(0)).alias(f"{name}_{b}") for name, value in terms],
+                *[F.coalesce(F.sum(F.when(mine, value)), F.lit(0)).alias(f"{name}_{suffix}") for name, value in terms],
             )
     elif rows_frame is not None:
         grouped = (
@@ -268,7 +274,6 @@ def run_pass(
             .groupBy(F.col("d_batch").alias("c_batch"))
             .agg(*[F.coalesce(F.sum(value), F.lit(0)).alias(f"c_{name}") for name, value in terms])
         )
-        counted = ["batch", *[name for name, _ in terms]]
         selected, (placed,) = shared.select(grouped, [(None, [(n, F.col(f"c_{n}")) for n in counted])])
         branches.append(grouped.select(F.lit(ids["counts"]).alias("_part"), *selected))
         parts["counts"] = Part(
@@ -294,26 +299,42 @@ def run_pass(
                 extra=ride,
                 rest_group=True,
                 late=late_rows[0] if late_here else None,
+                rest_by="d_batch" if derive else None,
             )
             if ride:
                 assert metrics is not None
-                b = steps[0].batch
                 fresh = fresh.observe(
                     metrics,
-                    *[F.coalesce(F.sum(f"_c_{name}"), F.lit(0)).cast("long").alias(f"{name}_{b}") for name, _ in terms],
-                ).drop(*[f"_c_{name}" for name, _ in terms])
+                    *[
+                        F.coalesce(F.sum(f"_c_{name}"), F.lit(0)).cast("long").alias(f"{name}_{suffix}")
+                        for name, _ in terms
+                    ],
+                )
+                if not derive:
+                    fresh = fresh.drop(*[f"_c_{name}" for name, _ in terms])
             kept = F.col("_rows") > 0
-            pieces.append(fresh.where(kept | F.col("_late").isNotNull() if late_here else kept))
+            if late_here:
+                kept = kept | F.col("_late").isNotNull()
+            if derive:
+                kept = kept | (F.col("_rb") > 0)  # a batch's rows outside every window: its counts
+            pieces.append(fresh.where(kept))
         elif rows_frame is not None:
             fresh = partials(rows_frame.where(F.col(f"_on{i}")), spec, cols, first_batch="d_batch")
             pieces.append(fresh.where(F.col("_rows") > 0))
         if not pieces:
             continue
+        rest = derive and s == 0  # this aggregation's groups carry each batch's counts
+        counts_of = [f"_c_{name}" for name, _ in terms] if rest else []
         if late_here and previous is not None:
             late_type = pieces[-1].schema["_late"].dataType
             pieces[0] = (
                 pieces[0].withColumn("_late", F.lit(None).cast(late_type)).withColumn("_late_n", F.lit(0).cast("long"))
             )
+        if rest and previous is not None:
+            pieces[0] = pieces[0].select(
+                "*", F.lit(None).cast("long").alias("_rb"), *[F.lit(0).cast("long").alias(c) for c in counts_of]
+            )
+        extra = [F.min("_fb").alias("_fb")] + ([F.sum("_late_n").alias("_late_n")] if late_here else [])
         merged = (
             pieces[0]
             if len(pieces) == 1 and previous is None
@@ -321,8 +342,8 @@ def run_pass(
                 pieces,
                 spec,
                 cols,
-                extra=[F.min("_fb").alias("_fb")] + ([F.sum("_late_n").alias("_late_n")] if late_here else []),
-                by=["_late"] if late_here else [],
+                extra=extra + [F.sum(c).alias(c) for c in counts_of],
+                by=(["_late"] if late_here else []) + (["_rb"] if rest else []),
             )
         )
         end = window_end(F.col("window_start"), spec)
@@ -330,9 +351,18 @@ def run_pass(
             # Windows ending by the floor were emitted by committed batches (their partials came
             # back with the carried copies' tuples or the open state): never again.
             after_floor = end > F.lit(work.floor[i])
-            merged = merged.where(after_floor | F.col("_late").isNotNull() if late_here else after_floor)
-        due = _due_part(end, steps, i, {step.batch: ids[f"windows:{s}:{step.batch}"] for step in steps})
-        state_names = [c for c in merged.columns if c not in ("_fb", "_late", "_late_n")]
+            if late_here:
+                after_floor = after_floor | F.col("_late").isNotNull()
+            if rest:
+                after_floor = after_floor | F.col("_rb").isNotNull()
+            merged = merged.where(after_floor)
+        # Computed once per row: a pass of many batches makes it a long ``CASE``, and every shared
+        # value column tests it.
+        merged = merged.withColumn(
+            "_due", _due_part(end, steps, i, {step.batch: ids[f"windows:{s}:{step.batch}"] for step in steps})
+        )
+        due = F.col("_due")
+        state_names = [c for c in merged.columns if c not in ("_fb", "_late", "_late_n", "_rb", "_due", *counts_of)]
         part = F.coalesce(due, F.lit(ids[f"open:{s}"]))
         window_row, constants = window_values(spec, cols, columns)
         kinds: list[tuple[Column | None, Sequence[tuple[str, Column]]]] = [
@@ -352,6 +382,11 @@ def run_pass(
             is_late = F.col("_l").isNotNull()
             part = F.when(is_late, _batch_part(F.col("_l._batch"), late_part)).otherwise(part)
             kinds.insert(0, (is_late, [(n, F.col(f"_l.{n}")) for n in late_names]))
+        if rest:
+            # A batch's rows outside every window (a group of their own, ``_rb``: the batch) are its counts.
+            is_rest = F.col("_rb").isNotNull()
+            part = F.when(is_rest, F.lit(ids["counts"])).otherwise(part)
+            kinds.insert(0, (is_rest, [("batch", F.col("_rb")), *[(n, F.col(f"_c_{n}")) for n in counted[1:]]]))
         selected, by_kind = shared.select(merged, kinds)
         branch = merged.select(
             part.alias("_part"),
@@ -362,6 +397,10 @@ def run_pass(
             *selected,
         )
         branches.append(branch)
+        if rest:
+            parts["counts"] = Part(
+                work.counts_dir, by_kind.pop(0), bytes(pa.schema([(n, pa.int64()) for n in counted]).serialize())
+            )
         if late_here:
             late_columns = by_kind.pop(0)
         window_columns, state_columns = by_kind
@@ -402,11 +441,18 @@ def run_pass(
     written = [Written.from_row(r.asDict()) for r in union.mapInArrow(sink(parts, ids), RESULT_SCHEMA).collect()]
     keep_only([p.directory for p in parts.values()], written)
     observed_counts: dict[str, Any] = dict(metrics.get) if metrics is not None else {}
+    by_batch: dict[str, Any] = {}  # the counts rows: per batch, its sums (``derive``: of its rows outside every window)
     for w in written:
         if w.part == "counts":
             for row in pq.read_table(w.file).to_pylist():
-                observed_counts.update({f"{name}_{row['batch']}": value for name, value in row.items()})
+                for name, value in row.items():
+                    at = f"{name}_{row['batch']}"
+                    by_batch[at] = by_batch.get(at, 0) + value if name != "batch" else row["batch"]
     shutil.rmtree(work.counts_dir, ignore_errors=True)
+    if derive:
+        observed_counts = _derived(work, specs, written, _unpacked(observed_counts), _unpacked(by_batch))
+    else:
+        observed_counts.update(by_batch)
     return _results(work, specs, nkeys, written, _unpacked(observed_counts))
 
 
@@ -440,6 +486,84 @@ def _count_terms(
             kept = kept & (owner >= F.lit(cols.range_start))
         terms.append((f"win{s}", one(kept)))
     return terms
+
+
+def _derives(specs: Sequence[WindowSpec], spec_cols: Mapping[int, WindowColumns], nkeys: int) -> bool:
+    """Whether each batch's counts follow from the pass's totals and the batch's rows outside every
+    window (``_derived``): one watermark key, and window aggregations whose windows own every
+    on-time tuple they hold (tumbling, no backfill range). A row inside a window of the first one
+    is then an on-time tuple and entered a window of each; nothing else about it is counted."""
+    tumbling = all(
+        owns_its_members(spec, spec_cols[s]) and spec_cols[s].range_start is None for s, spec in enumerate(specs)
+    )
+    return nkeys == 1 and bool(specs) and tumbling
+
+
+#: The suffix of a pass's observed totals (``_derived``), where a batch's counts have its number.
+_PASS = "pass"
+
+
+def _derived(
+    work: PassWork,
+    specs: Sequence[WindowSpec],
+    written: Sequence[Written],
+    totals: Mapping[str, Any],
+    outside: Mapping[str, Any],
+) -> dict[str, int]:
+    """Each batch's counts (``<name>_<batch>``) in a pass of several batches (``_derives``), from
+    what the pass observed over all its rows (``totals``: ``<name>_pass``), each batch's sums over
+    its rows outside every window (``outside``) and its rows written to the ``late`` table.
+
+    A batch's other rows are inside a window: on-time tuples that entered a window of every
+    aggregation. Their number is the batch's rows (the scan's count of its copies) less the
+    others; its rows, tuples and copy checksum are the scan's. The batches' counts must add up to
+    the pass's totals, term by term, or the pass raises ``LedgerError`` before any batch commits:
+    the totals are what Spark read, so the rows, tuples and copy checksum are checked for the pass
+    (as for a pass of one batch), and the late, on-time, outside and windowed counts for each batch.
+    """
+    late_written: dict[int, int] = {}
+    for w in written:
+        kind, _, batch = w.part.partition(":")
+        if kind == "late":
+            late_written[int(batch)] = late_written.get(int(batch), 0) + w.rows
+    out: dict[str, int] = {}
+    for step in work.steps:
+        b = step.batch
+        rows, tuples, cid_lo, cid_hi = work.reads.checksums(b)
+
+        def rest(name: str, batch: int = b) -> int:
+            return int(outside.get(f"{name}_{batch}") or 0)
+
+        late = late_written.get(b, 0)
+        inside = rows - rest("rows") - late
+        out |= {
+            f"rows_{b}": rows,
+            f"tuples_{b}": tuples,
+            f"cid_lo_{b}": cid_lo,
+            f"cid_hi_{b}": cid_hi,
+            f"late0_{b}": late + rest("late0"),
+            f"on0_{b}": inside + rest("on0"),
+            f"out0_{b}": rest("out0"),
+        }
+        out |= {f"win{s}_{b}": inside + rest(f"win{s}") for s in range(len(specs))}
+    names = ["rows", "tuples", "cid_lo", "cid_hi", "late0", "on0", "out0", *[f"win{s}" for s in range(len(specs))]]
+    for name in names:
+        seen = int(totals.get(f"{name}_{_PASS}") or 0)
+        summed = sum(out[f"{name}_{step.batch}"] for step in work.steps)
+        if seen != summed:
+            first, last = work.steps[0].batch, work.steps[-1].batch
+            read = name in ("rows", "tuples", "cid_lo", "cid_hi")
+            raise LedgerError(
+                f"Spark counted {seen} for {name!r} over the rows of batches {first} to {last}, and the batches' "
+                f"counts add up to {summed}" + (": it read other rows than the scan counted" if read else ""),
+                where=Location(file=work.reads.buffers[0].file if len(work.reads) else None, extra={"batch": first}),
+                todo=(
+                    "a file changed while the run read it: let the archiver finish writing and run again"
+                    if read
+                    else "nothing was committed for these batches; report this with the archive and the checkpoint"
+                ),
+            )
+    return out
 
 
 #: The ledger's counts that are not 0 or 1 per row (the copy-id checksum's halves).

@@ -158,6 +158,18 @@ class Reads(Sequence[Read]):
         """A packed field of every copy read (``PackedBuffers.column``)."""
         return self.buffers.column(name)
 
+    def checksums(self, batch: int | None = None) -> tuple[int, int, int, int]:
+        """What Spark must count over the rows of these copies (of ``batch`` only, when given): rows,
+        tuples and the copy-id checksum's two halves (each row adds its copy id's low and high 32
+        bits). Python integers: a sum of rows times a 32-bit half can pass 2**63."""
+        mine = slice(None) if batch is None else self.batches == batch
+        rows: list[int] = self.column("rows")[mine].tolist()
+        ids: list[int] = self.copy_ids[mine].tolist()
+        tuples = int(self.column("tuples")[mine].sum())
+        lo = sum(n * (cid & 0xFFFFFFFF) for n, cid in zip(rows, ids, strict=True))
+        hi = sum(n * (cid >> 32) for n, cid in zip(rows, ids, strict=True))
+        return sum(rows), tuples, lo, hi
+
     def may_hold_late(self) -> npt.NDArray[np.bool_]:
         """Per copy: decided by a batch of the pass, with tuples, and for some key an event time
         below its threshold or none known (the scan did not read its event times)."""

@@ -156,6 +156,7 @@ def partials(
     first_batch: str | None = None,
     rest_group: bool = False,
     late: Column | None = None,
+    rest_by: str | None = None,
 ) -> DataFrame:
     """One partial row per (key, window start) over ``rows``.
 
@@ -174,7 +175,10 @@ def partials(
     is a late tuple, else null. It is one more grouping column, ``_late``: each distinct late
     tuple is a group of its own (``_rows == 0``) with ``_late_n``, how many times it occurs, so
     the late tuples leave the pass's one read through this aggregation and no second read of
-    the rows is needed; the other groups have a null ``_late``.
+    the rows is needed; the other groups have a null ``_late``. ``rest_by`` (with ``rest_group``):
+    a column whose value splits the rest group (one group per value, in column ``_rb``; null on
+    every other group), so that ``extra`` aggregates count the rows outside every window per value
+    of it (a pass of several batches: per batch).
     """
     from pyspark.sql import functions as F
 
@@ -204,6 +208,9 @@ def partials(
     if late is not None:
         keys.append(late.alias("_late"))
         first.append(F.count(F.when(F.col("_first"), late)).alias("_late_n"))
+    if rest_by is not None:
+        rest = ~member if late is None else ~member & late.isNull()
+        keys.append(F.when(rest, F.col(_q(rest_by))).alias("_rb"))
     return assigned.groupBy(*keys).agg(*_partial_exprs(spec, cols, member, owned), *first, *extra)
 
 

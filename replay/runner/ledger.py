@@ -145,12 +145,7 @@ def account(
 ) -> None:
     """Check what Spark saw against the metadata scan, then add the batch to the ledger."""
     ids: list[int] = reads.copy_ids.tolist()
-    rows: list[int] = reads.column("rows").tolist()
-    expected_rows = sum(rows)
-    expected_tuples = int(reads.column("tuples").sum())
-    # Python integers: a sum of rows times a 32-bit half can pass 2**63.
-    expected_lo = sum(n * (cid & 0xFFFFFFFF) for n, cid in zip(rows, ids, strict=True))
-    expected_hi = sum(n * (cid >> 32) for n, cid in zip(rows, ids, strict=True))
+    expected_rows, expected_tuples, expected_lo, expected_hi = reads.checksums()
     counts = result.counts
     if reads and (
         counts is None

@@ -21,13 +21,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from replay.core.config import JobConfig, parse_config
-from replay.core.errors import ConfigError, ConflictingDuplicateError, IncompatibleCheckpointError
+from replay.core.errors import ConfigError, ConflictingDuplicateError, IncompatibleCheckpointError, LedgerError
 from replay.core.timeutil import parse_timestamp
+from replay.engine import aggregate
 from replay.engine.archive import inspect_schema
 from replay.engine.buffers import scan_buffers
+from replay.engine.passes import Reads
 from replay.generate import generate_archive
 from replay.generate_options import GenerateOptions
 from replay.runner.loop import run
+from replay.store.checkpoint import CheckpointStore
 from replay.store.digest import canonical_lines, digest
 from replay.store.outputs import read_table
 from tests._archives import FEATURED
@@ -141,6 +144,72 @@ def test_any_batch_plan_gives_the_same_digests(
     summary = run(by_tuples, spark=spark)
     assert summary.batches > 1
     assert digests(by_tuples) == expected
+
+
+_TUMBLING_ONLY = [
+    {"name": "tumbling", "size": "500ms", "aggregations": [{"fn": "count"}, {"fn": "sum", "column": "value"}]},
+    {"name": "seconds", "size": "1s", "aggregations": [{"fn": "max", "column": "value"}]},
+]
+
+
+def _batch_ledgers(config: JobConfig) -> list[tuple[int, dict[str, Any]]]:
+    store = CheckpointStore(Path(config.checkpoint))
+    commit = store.latest()
+    assert commit is not None
+    return [(entry.batch, dict(entry.ledger)) for entry in store.read_log(commit.log)]
+
+
+def test_a_pass_derives_each_batchs_counts_as_a_counting_branch_counts_them(
+    tmp_path: Path, spark: Any, plan_archive: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass of several batches with one watermark key and tumbling windows takes each batch's
+    counts from the pass's totals and the batch's rows outside every window
+    (``aggregate._derived``); the batch log's ledger rows, the summary and the outputs equal those
+    of the same run counting every batch's rows in a branch of their own."""
+    taken: list[bool] = []
+    derives = aggregate._derives
+
+    def spy(*args: Any) -> bool:
+        taken.append(derives(*args))
+        return taken[-1]
+
+    monkeypatch.setattr(aggregate, "_derives", spy)
+    settings: dict[str, Any] = {"windows": _TUMBLING_ONLY, "micro_batch": {"max_buffers": 2, "max_batches_per_pass": 4}}
+    derived = job(plan_archive, tmp_path / "derived", **settings)
+    summary = run(derived, spark=spark)
+    assert summary.batches > 4 and sum(summary.late_tuples.values()) > 0 and summary.duplicate_copies > 0
+    assert taken and all(taken)  # every pass derived its batches' counts
+    monkeypatch.setattr(aggregate, "_derives", lambda *args: False)
+    counted = job(plan_archive, tmp_path / "counted", **settings)
+    other = run(counted, spark=spark)
+    same = ("batches", "buffers", "tuples_read", "windows_emitted", "open_windows", "late_tuples", "pending_tuples")
+    assert [getattr(other, f) for f in same] == [getattr(summary, f) for f in same]
+    assert _batch_ledgers(derived) == _batch_ledgers(counted)
+    assert digests(derived) == digests(counted)
+
+
+def test_a_pass_whose_batches_do_not_add_up_to_what_spark_read_commits_nothing(
+    tmp_path: Path, spark: Any, plan_archive: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pass's totals are what Spark read: when the batches' derived counts (the scan's rows for
+    each) differ from them, the pass stops with a ledger error before any of its batches commits."""
+    checksums = Reads.checksums
+
+    def one_row_more(self: Reads, batch: int | None = None) -> tuple[int, int, int, int]:
+        rows, tuples, lo, hi = checksums(self, batch)
+        return (rows + 1 if batch == 2 else rows), tuples, lo, hi
+
+    monkeypatch.setattr(Reads, "checksums", one_row_more)
+    config = job(
+        plan_archive,
+        tmp_path / "j",
+        windows=_TUMBLING_ONLY,
+        micro_batch={"max_buffers": 2, "max_batches_per_pass": 32},
+    )
+    with pytest.raises(LedgerError, match="'rows' over the rows of batches 1 to") as raised:
+        run(config, spark=spark)
+    assert raised.value.code == "ledger.mismatch" and "archiver" in raised.value.todo
+    assert CheckpointStore(Path(config.checkpoint)).latest() is None
 
 
 def _split_by_ingest(source: Path, first: Path, second: Path) -> None:

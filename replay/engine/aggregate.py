@@ -22,9 +22,12 @@ reaching the driver:
   the pass whose effective watermark reached its end; the others become the open-window
   state the pass carries out;
 - all of it is one union, written by one ``mapInArrow`` (``replay.engine.sink``) whose
-  collected result is the pass's only Spark action; the per-batch counts ride along as
-  observed metrics (one batch) or are one more branch of it (several). A row of the union
-  goes to one destination, so the destinations share its value columns (``_Shared``).
+  collected result is the pass's only Spark action. The ledger's counts ride along as observed
+  metrics: per batch in a pass of one batch; in a pass of several, for the whole pass, with one
+  group per batch of the rows outside every window, from which each batch's counts follow
+  (``_derives``, ``_derived``); where they do not follow (several keys, sliding windows, a
+  backfill range), per batch in one more branch. A row of the union goes to one destination, so
+  the destinations share its value columns (``_Shared``).
 
 What comes back to the driver is small: per batch its row and tuple counts, a checksum
 of its copy ids and per-key late/on-time counts (which the ledger checks), and per window

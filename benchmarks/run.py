@@ -167,9 +167,9 @@ def _run_config(path: Path, work: Path, max_buffers: int | None, per_pass: int |
 def _settle(spark: Any) -> None:
     """Let Spark clean up after the previous measurement before the next one starts: a JVM garbage
     collection hands the shuffles and broadcasts nothing references any more to Spark's cleaner,
-    which removes them in the background. Without it, the cleaning and collecting of one run's
-    leftovers fell into the next timed run: after the one-action-per-batch variant (20 actions) the
-    following runs took 15 to 40 % longer, the plain batch included (docs/performance.md)."""
+    which removes them in the background, outside the next timed run. It did not remove the
+    slowdown that followed the one-action-per-batch variant (the following runs took 15 to 40 %
+    longer, the plain batch included); running that variant last did (docs/performance.md)."""
     spark.sparkContext._jvm.System.gc()
     time.sleep(1.0)
 

@@ -25,9 +25,9 @@ reaching the driver:
   collected result is the pass's only Spark action. The ledger's counts ride along as observed
   metrics: per batch in a pass of one batch; in a pass of several, for the whole pass, with one
   group per batch of the rows outside every window, from which each batch's counts follow
-  (``_derives``, ``_derived``); where they do not follow (several keys, sliding windows, a
+  (``pass_counts.derives``, ``pass_counts.derived``); where they do not follow (several keys, sliding windows, a
   backfill range), per batch in one more branch. A row of the union goes to one destination, so
-  the destinations share its value columns (``_Shared``).
+  the destinations share its value columns (``routing.Shared``).
 
 What comes back to the driver is small: per batch its row and tuple counts, a checksum
 of its copy ids and per-key late/on-time counts (which the ledger checks), and per window
@@ -43,10 +43,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replay.core.config import JobConfig, WindowSpec
-from replay.core.errors import LedgerError, Location
+from replay.engine import pass_counts
 from replay.engine.archive import ArchiveLayout
 from replay.engine.archive_rows import time_value
-from replay.engine.passes import Counts, PassWork, SpecCounts, Step, WorkResult
+from replay.engine.passes import PassWork, SpecCounts, WorkResult
+from replay.engine.routing import Shared, batch_part, due_part
 from replay.engine.rows import pass_rows, q
 from replay.engine.schemas import table_structs
 from replay.engine.sink import RESULT_SCHEMA, Part, Written, keep_only, sink
@@ -55,8 +56,6 @@ from replay.engine.windows import (
     aggregated_types,
     merge,
     output_columns,
-    owner_start,
-    owns_its_members,
     partials,
     window_end,
     window_values,
@@ -64,89 +63,11 @@ from replay.engine.windows import (
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
-    from pyspark.sql.types import DataType, StructType
+    from pyspark.sql.types import StructType
 
 __all__ = ["read_open", "run_pass"]
 
 _KEEP_EMPTY_STAGES = "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation"
-
-
-def _due_part(end: Column, steps: Sequence[Step], i: int, part: Mapping[int, int]) -> Column:
-    """The part of the first batch of the pass whose ``E_k`` (key ``i``) reaches ``end`` (``part``:
-    by batch), or null: the window stays open."""
-    from pyspark.sql import functions as F
-
-    due: Column | None = None
-    reached: int | None = None
-    for step in steps:
-        if reached is not None and step.effective[i] <= reached:
-            continue  # E_k did not move: no window can first be due here
-        reached = step.effective[i]
-        condition = end <= F.lit(reached)
-        value = F.lit(part[step.batch])
-        due = F.when(condition, value) if due is None else due.when(condition, value)
-    return F.lit(None).cast("int") if due is None else due
-
-
-def _batch_part(batch: Column, part: Mapping[int, int]) -> Column:
-    """The part of the batch in column ``batch`` (``part``: by batch)."""
-    from pyspark.sql import functions as F
-
-    chosen: Column | None = None
-    for b, number in part.items():
-        condition, value = batch == F.lit(b), F.lit(number)
-        chosen = F.when(condition, value) if chosen is None else chosen.when(condition, value)
-    assert chosen is not None  # a pass has a batch
-    return chosen
-
-
-class _Shared:
-    """The union's value columns, shared between destinations by type: the ``j``-th value of type
-    ``T`` of every destination is in column ``_v<T>_<j>``. A row goes to one destination, and every
-    column of the union crosses to the writer on every row, null or not (Arrow keeps 8 bytes for a
-    null long): a column per value of every destination carried twice as much (docs/performance.md)."""
-
-    def __init__(self) -> None:
-        self._types: dict[str, int] = {}
-
-    def columns(self, types: Sequence[DataType]) -> list[str]:
-        """The columns that values of ``types`` (one destination's, in order) are in."""
-        taken: dict[int, int] = {}
-        names = []
-        for data_type in types:
-            kind = self._types.setdefault(data_type.simpleString(), len(self._types))
-            j = taken.get(kind, 0)
-            taken[kind] = j + 1
-            names.append(f"_v{kind}_{j}")
-        return names
-
-    def select(
-        self, frame: DataFrame, kinds: Sequence[tuple[Column | None, Sequence[tuple[str, Column]]]]
-    ) -> tuple[list[Column], list[tuple[tuple[str, str], ...]]]:
-        """The shared columns of ``frame``'s rows, each of which is of one of ``kinds``: ``(condition,
-        its values by name)``, the first whose condition holds (``None``: always); and per kind, the
-        ``Part.columns`` its values are in."""
-        from pyspark.sql import functions as F
-
-        options: dict[str, list[tuple[Column | None, Column]]] = {}
-        placed: list[tuple[tuple[str, str], ...]] = []
-        for condition, values in kinds:
-            types = [f.dataType for f in frame.select(*[v for _, v in values]).schema.fields] if values else []
-            names = self.columns(types)
-            placed.append(tuple((column, name) for column, (name, _) in zip(names, values, strict=True)))
-            for column, (_, value) in zip(names, values, strict=True):
-                options.setdefault(column, []).append((condition, value))
-        selected: list[Column] = []
-        for column, choices in options.items():
-            expr: Column | None = None
-            for condition, value in choices:
-                if condition is None:
-                    expr = value if expr is None else expr.otherwise(value)
-                    break
-                expr = F.when(condition, value) if expr is None else expr.when(condition, value)
-            assert expr is not None
-            selected.append(expr.alias(column))
-        return selected, placed
 
 
 def run_pass(
@@ -196,7 +117,7 @@ def run_pass(
     names += [f"open:{s}" for s in range(len(specs))] + [f"late:{step.batch}" for step in steps] + ["counts"]
     ids = {name: number for number, name in enumerate(names)}
     late_part = {step.batch: ids[f"late:{step.batch}"] for step in steps}
-    shared = _Shared()
+    shared = Shared()
     rows_frame = pass_rows(spark, work, layout, schema, spark_paths) if len(reads) else None
     spec_cols = {
         s: WindowColumns(
@@ -249,18 +170,18 @@ def run_pass(
     # rows' metadata columns (observing every batch's sums on every row cost more: 10M tuples in
     # 20 batches, 24 s against 13 to 15 s; so did grouping the partials by batch as well, whose
     # two consumers Spark did not compute once: docs/performance.md).
-    terms = _count_terms(specs, spec_cols, key_index, nkeys) if rows_frame is not None else []
-    terms = _packed(terms, int(reads.column("rows").sum()))
-    # A pass of several batches whose batches' counts follow from the pass's totals (``_derives``)
+    terms = pass_counts.count_terms(specs, spec_cols, key_index, nkeys) if rows_frame is not None else []
+    terms = pass_counts.packed(terms, int(reads.column("rows").sum()))
+    # A pass of several batches whose batches' counts follow from the pass's totals (``pass_counts.derives``)
     # counts like a pass of one batch, and splits the rows outside every window by batch.
-    derive = rows_frame is not None and len(steps) > 1 and _derives(specs, spec_cols, nkeys)
+    derive = rows_frame is not None and len(steps) > 1 and pass_counts.derives(specs, spec_cols, nkeys)
     counted = ["batch", *[name for name, _ in terms]]  # a counts row: the batch, then its sums
     metrics: Observation | None = None
     observed: DataFrame | None = None  # the rows with the batch's counts attached: in the plan exactly once
     ride: list[Column] = []  # the counts as extra aggregates of the first window aggregation's partials
     if rows_frame is not None and (len(steps) == 1 or derive):
         metrics = Observation(f"pass_{uuid.uuid4().hex[:8]}")
-        suffix = str(steps[0].batch) if len(steps) == 1 else _PASS
+        suffix = str(steps[0].batch) if len(steps) == 1 else pass_counts.PASS
         # Not the carried copies (batch 0): counted when decided.
         mine = F.col("d_batch") == F.lit(steps[0].batch) if len(steps) == 1 else F.col("d_batch") > 0
         if specs:
@@ -362,7 +283,7 @@ def run_pass(
         # Computed once per row: a pass of many batches makes it a long ``CASE``, and every shared
         # value column tests it.
         merged = merged.withColumn(
-            "_due", _due_part(end, steps, i, {step.batch: ids[f"windows:{s}:{step.batch}"] for step in steps})
+            "_due", due_part(end, steps, i, {step.batch: ids[f"windows:{s}:{step.batch}"] for step in steps})
         )
         due = F.col("_due")
         state_names = [c for c in merged.columns if c not in ("_fb", "_late", "_late_n", "_rb", "_due", *counts_of)]
@@ -383,7 +304,7 @@ def run_pass(
                 ),
             )
             is_late = F.col("_l").isNotNull()
-            part = F.when(is_late, _batch_part(F.col("_l._batch"), late_part)).otherwise(part)
+            part = F.when(is_late, batch_part(F.col("_l._batch"), late_part)).otherwise(part)
             kinds.insert(0, (is_late, [(n, F.col(f"_l.{n}")) for n in late_names]))
         if rest:
             # A batch's rows outside every window (a group of their own, ``_rb``: the batch) are its counts.
@@ -432,7 +353,7 @@ def run_pass(
             for late in late_rows:
                 tuples = rows_frame.where(late.isNotNull()).select(late.alias("_l"))
                 selected, (late_columns,) = shared.select(tuples, [(None, late_values)])
-                branches.append(tuples.select(_batch_part(F.col("_l._batch"), late_part).alias("_part"), *selected))
+                branches.append(tuples.select(batch_part(F.col("_l._batch"), late_part).alias("_part"), *selected))
         for step in steps:
             parts[f"late:{step.batch}"] = Part(step.late_dir, late_columns, _arrow_schema(late_struct))
 
@@ -453,225 +374,11 @@ def run_pass(
                     by_batch[at] = by_batch.get(at, 0) + value if name != "batch" else row["batch"]
     shutil.rmtree(work.counts_dir, ignore_errors=True)
     if derive:
-        observed_counts = _derived(work, specs, written, _unpacked(observed_counts), _unpacked(by_batch))
+        totals, outside = pass_counts.unpacked(observed_counts), pass_counts.unpacked(by_batch)
+        observed_counts = pass_counts.derived(work, specs, written, totals, outside)
     else:
         observed_counts.update(by_batch)
-    return _results(work, specs, nkeys, written, _unpacked(observed_counts))
-
-
-def _count_terms(
-    specs: Sequence[WindowSpec], spec_cols: Mapping[int, WindowColumns], key_index: Mapping[str, int], nkeys: int
-) -> list[tuple[str, Column]]:
-    """What the ledger checks of each batch, as per-row values to sum over its rows: rows,
-    tuples, the copy-id checksum in 32-bit halves, late, on-time and outside-range tuples per key
-    and, per window aggregation, the on-time tuples a window of it owns (``owner_start``)."""
-    from pyspark.sql import functions as F
-
-    def one(condition: Column) -> Column:
-        return F.when(condition, F.lit(1)).otherwise(F.lit(0))
-
-    terms = [
-        ("rows", F.lit(1)),
-        ("tuples", one(F.col("_tuple"))),
-        ("cid_lo", F.col("d_cid").bitwiseAND(F.lit(0xFFFFFFFF))),
-        ("cid_hi", F.shiftrightunsigned(F.col("d_cid"), 32)),
-    ]
-    terms += [(f"{name}{k}", one(F.col(f"_{name}{k}"))) for k in range(nkeys) for name in ("late", "on", "out")]
-    for s, spec in enumerate(specs):
-        i, cols = key_index[spec.wm_key], spec_cols[s]
-        t = F.col(f"_ev{i}")
-        if owns_its_members(spec, cols) and cols.range_start is None:
-            terms.append((f"win{s}", one(F.col(f"_on{i}"))))  # every on-time tuple has its owner window
-            continue
-        owner = owner_start(t, spec, cols)
-        kept = F.col(f"_on{i}") & (window_end(owner, spec) > t)
-        if cols.range_start is not None:
-            kept = kept & (owner >= F.lit(cols.range_start))
-        terms.append((f"win{s}", one(kept)))
-    return terms
-
-
-def _derives(specs: Sequence[WindowSpec], spec_cols: Mapping[int, WindowColumns], nkeys: int) -> bool:
-    """Whether each batch's counts follow from the pass's totals and the batch's rows outside every
-    window (``_derived``): one watermark key, and window aggregations whose windows own every
-    on-time tuple they hold (tumbling, no backfill range). A row inside a window of the first one
-    is then an on-time tuple and entered a window of each; nothing else about it is counted."""
-    tumbling = all(
-        owns_its_members(spec, spec_cols[s]) and spec_cols[s].range_start is None for s, spec in enumerate(specs)
-    )
-    return nkeys == 1 and bool(specs) and tumbling
-
-
-#: The suffix of a pass's observed totals (``_derived``), where a batch's counts have its number.
-_PASS = "pass"
-
-
-def _derived(
-    work: PassWork,
-    specs: Sequence[WindowSpec],
-    written: Sequence[Written],
-    totals: Mapping[str, Any],
-    outside: Mapping[str, Any],
-) -> dict[str, int]:
-    """Each batch's counts (``<name>_<batch>``) in a pass of several batches (``_derives``), from
-    what the pass observed over all its rows (``totals``: ``<name>_pass``), each batch's sums over
-    its rows outside every window (``outside``) and its rows written to the ``late`` table.
-
-    A batch's other rows are inside a window: on-time tuples that entered a window of every
-    aggregation. Their number is the batch's rows (the scan's count of its copies) less the
-    others; its rows, tuples and copy checksum are the scan's. The batches' counts must add up to
-    the pass's totals, term by term, or the pass raises ``LedgerError`` before any batch commits:
-    the totals are what Spark read, so the rows, tuples and copy checksum are checked for the pass
-    (as for a pass of one batch), and the late, on-time, outside and windowed counts for each batch.
-    """
-    late_written: dict[int, int] = {}
-    for w in written:
-        kind, _, batch = w.part.partition(":")
-        if kind == "late":
-            late_written[int(batch)] = late_written.get(int(batch), 0) + w.rows
-    out: dict[str, int] = {}
-    for step in work.steps:
-        b = step.batch
-        rows, tuples, cid_lo, cid_hi = work.reads.checksums(b)
-
-        def rest(name: str, batch: int = b) -> int:
-            return int(outside.get(f"{name}_{batch}") or 0)
-
-        late = late_written.get(b, 0)
-        inside = rows - rest("rows") - late
-        out |= {
-            f"rows_{b}": rows,
-            f"tuples_{b}": tuples,
-            f"cid_lo_{b}": cid_lo,
-            f"cid_hi_{b}": cid_hi,
-            f"late0_{b}": late + rest("late0"),
-            f"on0_{b}": inside + rest("on0"),
-            f"out0_{b}": rest("out0"),
-        }
-        out |= {f"win{s}_{b}": inside + rest(f"win{s}") for s in range(len(specs))}
-    names = ["rows", "tuples", "cid_lo", "cid_hi", "late0", "on0", "out0", *[f"win{s}" for s in range(len(specs))]]
-    for name in names:
-        seen = int(totals.get(f"{name}_{_PASS}") or 0)
-        summed = sum(out[f"{name}_{step.batch}"] for step in work.steps)
-        if seen != summed:
-            first, last = work.steps[0].batch, work.steps[-1].batch
-            read = name in ("rows", "tuples", "cid_lo", "cid_hi")
-            raise LedgerError(
-                f"Spark counted {seen} for {name!r} over the rows of batches {first} to {last}, and the batches' "
-                f"counts add up to {summed}" + (": it read other rows than the scan counted" if read else ""),
-                where=Location(file=work.reads.buffers[0].file if len(work.reads) else None, extra={"batch": first}),
-                todo=(
-                    "a file changed while the run read it: let the archiver finish writing and run again"
-                    if read
-                    else "nothing was committed for these batches; report this with the archive and the checkpoint"
-                ),
-            )
-    return out
-
-
-#: The ledger's counts that are not 0 or 1 per row (the copy-id checksum's halves).
-_CHECKSUMS = ("cid_lo", "cid_hi")
-_PACKED_ROWS = 2**31  # a pass with fewer rows packs its 0-or-1 counts two to a long
-
-
-def _packed(terms: Sequence[tuple[str, Column]], rows: int) -> list[tuple[str, Column]]:
-    """``terms`` with the counts that are 0 or 1 per row two to a long (``a|b``: ``a + (b << 32)``)
-    when the pass reads fewer than 2**31 rows: a sum of either is then at most the pass's rows, so
-    ``a`` stays in the low 32 bits and ``b << 32`` below 2**63. Each count is one more aggregate per
-    window group of the first window aggregation, where a one-batch pass's counts ride: half as
-    many aggregates (docs/performance.md). ``_unpacked`` takes them apart."""
-    from pyspark.sql import functions as F
-
-    if rows >= _PACKED_ROWS:
-        return list(terms)
-    flags = [(name, value) for name, value in terms if name not in _CHECKSUMS]
-    out = [(name, value) for name, value in terms if name in _CHECKSUMS]
-    for j in range(0, len(flags) - 1, 2):
-        (a, low), (b, high) = flags[j], flags[j + 1]
-        out.append((f"{a}|{b}", low.cast("long") + F.shiftleft(high.cast("long"), 32)))
-    if len(flags) % 2:
-        out.append(flags[-1])
-    return out
-
-
-def _unpacked(counts: Mapping[str, Any]) -> dict[str, Any]:
-    """Counts by ``<name>_<batch>``, the packed ones (``_packed``) taken apart."""
-    out: dict[str, Any] = {}
-    for key, value in counts.items():
-        name, _, batch = key.rpartition("_")
-        if "|" not in name:
-            out[key] = value
-            continue
-        low, high = name.split("|")
-        out[f"{low}_{batch}"] = int(value) & 0xFFFFFFFF
-        out[f"{high}_{batch}"] = int(value) >> 32
-    return out
-
-
-def _results(
-    work: PassWork,
-    specs: Sequence[WindowSpec],
-    nkeys: int,
-    written: Sequence[Written],
-    metrics: Mapping[str, Any],
-) -> dict[int, WorkResult]:
-    """Each batch's result from what the pass wrote and observed: its counts, its emitted and open windows."""
-
-    totals: dict[str, tuple[int, int]] = {}
-    # Per window aggregation: (first batch with a tuple in the window, the batch it was due at, or
-    # None: still open) -> windows.
-    spans: dict[int, dict[tuple[int, int | None], int]] = {s: {} for s in range(len(specs))}
-    for w in written:
-        rows, owned = totals.get(w.part, (0, 0))
-        totals[w.part] = (rows + w.rows, owned + w.owned)
-        kind, _, rest = w.part.partition(":")
-        if kind in ("windows", "open"):
-            number, _, due = rest.partition(":")
-            span = spans[int(number)]
-            for first, n in w.firsts.items():
-                key = (first, int(due) if due else None)
-                span[key] = span.get(key, 0) + n
-
-    last = work.steps[-1].batch
-    results: dict[int, WorkResult] = {}
-    for step in work.steps:
-        b = step.batch
-        seen = metrics.get(f"rows_{b}", 0) > 0
-        counts = (
-            Counts(
-                rows=int(metrics[f"rows_{b}"]),
-                tuples=int(metrics[f"tuples_{b}"]),
-                cid_lo=int(metrics[f"cid_lo_{b}"]),
-                cid_hi=int(metrics[f"cid_hi_{b}"]),
-                late=tuple(int(metrics[f"late{k}_{b}"]) for k in range(nkeys)),
-                on_time=tuple(int(metrics[f"on{k}_{b}"]) for k in range(nkeys)),
-                outside=tuple(int(metrics[f"out{k}_{b}"]) for k in range(nkeys)),
-            )
-            if seen
-            else None
-        )
-        spec_counts: dict[str, SpecCounts] = {}
-        for s, spec in enumerate(specs):
-            emitted, emitted_owned = totals.get(f"windows:{s}:{b}", (0, 0))
-            still_open = sum(n for (first, due), n in spans[s].items() if first <= b and (due is None or due > b))
-            open_rows, open_owned = totals.get(f"open:{s}", (0, 0))
-            spec_counts[spec.name] = SpecCounts(
-                windowed=int(metrics[f"win{s}_{b}"]) if seen else 0,
-                emitted=emitted,
-                emitted_owned=emitted_owned,
-                open=still_open,
-                open_owned=open_owned if b == last else None,
-                open_dir=work.state_dirs[spec.name] if b == last and open_rows else None,
-            )
-        late_rows = totals.get(f"late:{b}", (0, 0))[0]
-        results[b] = WorkResult(
-            counts=counts,
-            specs=spec_counts,
-            windows_written=any(totals.get(f"windows:{s}:{b}", (0, 0))[0] for s in range(len(specs))),
-            late_written=late_rows > 0,
-            late_rows=late_rows,
-        )
-    return results
+    return pass_counts.results(work, specs, nkeys, written, pass_counts.unpacked(observed_counts))
 
 
 def _arrow_schema(struct: StructType) -> bytes:

@@ -23,7 +23,7 @@ import pytest
 from replay.core.config import JobConfig, parse_config
 from replay.core.errors import ConfigError, ConflictingDuplicateError, IncompatibleCheckpointError, LedgerError
 from replay.core.timeutil import parse_timestamp
-from replay.engine import aggregate
+from replay.engine import pass_counts
 from replay.engine.archive import inspect_schema
 from replay.engine.buffers import scan_buffers
 from replay.engine.passes import Reads
@@ -164,22 +164,22 @@ def test_a_pass_derives_each_batchs_counts_as_a_counting_branch_counts_them(
 ) -> None:
     """A pass of several batches with one watermark key and tumbling windows takes each batch's
     counts from the pass's totals and the batch's rows outside every window
-    (``aggregate._derived``); the batch log's ledger rows, the summary and the outputs equal those
+    (``pass_counts.derived``); the batch log's ledger rows, the summary and the outputs equal those
     of the same run counting every batch's rows in a branch of their own."""
     taken: list[bool] = []
-    derives = aggregate._derives
+    derives = pass_counts.derives
 
     def spy(*args: Any) -> bool:
         taken.append(derives(*args))
         return taken[-1]
 
-    monkeypatch.setattr(aggregate, "_derives", spy)
+    monkeypatch.setattr(pass_counts, "derives", spy)
     settings: dict[str, Any] = {"windows": _TUMBLING_ONLY, "micro_batch": {"max_buffers": 2, "max_batches_per_pass": 4}}
     derived = job(plan_archive, tmp_path / "derived", **settings)
     summary = run(derived, spark=spark)
     assert summary.batches > 4 and sum(summary.late_tuples.values()) > 0 and summary.duplicate_copies > 0
     assert taken and all(taken)  # every pass derived its batches' counts
-    monkeypatch.setattr(aggregate, "_derives", lambda *args: False)
+    monkeypatch.setattr(pass_counts, "derives", lambda *args: False)
     counted = job(plan_archive, tmp_path / "counted", **settings)
     other = run(counted, spark=spark)
     same = ("batches", "buffers", "tuples_read", "windows_emitted", "open_windows", "late_tuples", "pending_tuples")

@@ -1,4 +1,4 @@
-"""The ledger's 0-or-1 counts packed two to a long in a pass (``aggregate._packed``), taken apart again."""
+"""The ledger's 0-or-1 counts packed two to a long in a pass (``pass_counts.packed``), taken apart again."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
-from replay.engine.aggregate import _packed, _unpacked
+from replay.engine.pass_counts import packed, unpacked
 
 _count = st.integers(0, 2**31 - 1)  # a count of a pass with fewer than 2**31 rows
 
 
 @given(low=_count, high=_count, batch=st.integers(1, 10**6))
 def test_a_packed_pair_comes_apart_into_its_two_counts(low: int, high: int, batch: int) -> None:
-    counts = _unpacked({f"on0|out0_{batch}": low + (high << 32), f"cid_lo_{batch}": 7})
+    counts = unpacked({f"on0|out0_{batch}": low + (high << 32), f"cid_lo_{batch}": 7})
     assert counts == {f"on0_{batch}": low, f"out0_{batch}": high, f"cid_lo_{batch}": 7}
 
 
@@ -29,10 +29,10 @@ def test_sums_of_packed_counts_equal_the_counts(spark: Any) -> None:
         F.col("id").alias("cid"),
     )
     terms = [("rows", F.lit(1)), ("cid_lo", F.col("cid")), ("a", F.col("a")), ("b", F.col("b")), ("c", F.col("c"))]
-    packed = _packed(terms, 1000)
-    assert [name for name, _ in packed] == ["cid_lo", "rows|a", "b|c"]
-    row = frame.agg(*[F.sum(value).alias(f"{name}_1") for name, value in packed]).first()
+    pairs = packed(terms, 1000)
+    assert [name for name, _ in pairs] == ["cid_lo", "rows|a", "b|c"]
+    row = frame.agg(*[F.sum(value).alias(f"{name}_1") for name, value in pairs]).first()
     assert row is not None
-    assert _unpacked(row.asDict()) == {"cid_lo_1": 499500, "rows_1": 1000, "a_1": 334, "b_1": 143, "c_1": 500}
+    assert unpacked(row.asDict()) == {"cid_lo_1": 499500, "rows_1": 1000, "a_1": 334, "b_1": 143, "c_1": 500}
     # A pass of 2**31 rows or more keeps every count in a long of its own.
-    assert [name for name, _ in _packed(terms, 2**31)] == ["rows", "cid_lo", "a", "b", "c"]
+    assert [name for name, _ in packed(terms, 2**31)] == ["rows", "cid_lo", "a", "b", "c"]

@@ -33,7 +33,7 @@ from replay.runner.loop import run
 from replay.store.checkpoint import CheckpointStore
 from replay.store.digest import canonical_lines, digest
 from replay.store.outputs import read_table
-from tests._archives import FEATURED
+from tests._archives import FEATURED, buffer_rows, write_archive
 from tests.runner.test_job_vs_reference import job_view, reference_view
 
 pytestmark = pytest.mark.spark
@@ -439,3 +439,24 @@ def test_a_bad_backfill_range_is_a_configuration_error(
         run(job(archive, tmp_path), start=start, end=end)
     assert caught.value.where.field == field and caught.value.exit_code == 2
     assert not (tmp_path / "ckpt").exists()  # refused before anything is written
+
+
+@pytest.mark.parametrize("max_buffers", [None, 1], ids=["one-batch", "a-batch-per-buffer"])
+def test_a_late_tuple_that_occurs_several_times_is_written_as_often(
+    tmp_path: Path, spark: Any, max_buffers: int | None
+) -> None:
+    """A pass with one watermark key groups each distinct late tuple once and writes it as many
+    times as it occurs: a buffer holding the same late tuple three times gives three rows of the
+    ``late`` table, as the reference model does, in one batch and in a pass of several."""
+    t0, second = parse_timestamp("2026-01-01T00:00:00Z"), 1_000_000
+    late = (t0 + second // 2, 1, 2.0)
+    rows = buffer_rows(1, 1, watermark=t0 + 2 * second, events=[(t0 + 2 * second, 1, 1.0)])
+    rows += buffer_rows(1, 2, watermark=t0 + 3 * second, events=[late, late, (t0 + 3 * second, 2, 5.0), late])
+    rows += buffer_rows(1, 3, watermark=t0 + 4 * second, events=[(t0 + second, 2, 3.0), (t0 + 4 * second, 2, 1.0)])
+    archive = tmp_path / "archive"
+    write_archive(archive, rows)
+    config = job(archive, tmp_path, micro_batch={"max_buffers": max_buffers})
+    view = job_view(config, spark)
+    assert view == reference_view(config)
+    assert view["late"].count(view["late"][0]) == 3  # the repeated tuple, three times
+    assert len(view["late"]) == 4

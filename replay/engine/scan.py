@@ -143,6 +143,32 @@ def open_parquet(path: str) -> Any:
     return pq.ParquetFile(filesystem.open_input_file(inner))
 
 
+def _per_copy(values: pa.ChunkedArray, starts: Any) -> tuple[list[int | None], list[int | None], Any]:
+    """Per copy (the rows from each of ``starts`` to the next): the smallest and largest non-null
+    int64 value (``None`` when all are null) and how many are not null. Over consecutive rows, as
+    ``numpy.*.reduceat``: a hash aggregation over the copies (pyarrow's ``group_by``) took 2.5 times as
+    long on the 10M-tuple benchmark's files."""
+    import numpy as np
+
+    if values.null_count == 0:
+        data = values.to_numpy()
+        low, high = np.minimum.reduceat(data, starts), np.maximum.reduceat(data, starts)
+        count = np.diff(np.append(starts, len(values)))
+        return low.tolist(), high.tolist(), count
+    valid = values.is_valid().to_numpy(zero_copy_only=False)
+    count = np.add.reduceat(valid.astype(np.int64), starts)
+    data = values.fill_null(0).to_numpy()
+    info = np.iinfo(np.int64)
+    low = np.minimum.reduceat(np.where(valid, data, info.max), starts)
+    high = np.maximum.reduceat(np.where(valid, data, info.min), starts)
+    seen = count > 0
+    return (
+        [int(v) if s else None for v, s in zip(low.tolist(), seen.tolist(), strict=True)],
+        [int(v) if s else None for v, s in zip(high.tolist(), seen.tolist(), strict=True)],
+        count,
+    )
+
+
 def scan_file(path: str, columns: ScanColumns) -> pa.Table:
     """The per-copy records of one file (see the module docstring)."""
     import numpy as np
@@ -162,53 +188,44 @@ def scan_file(path: str, columns: ScanColumns) -> pa.Table:
     change = np.zeros(n, dtype=bool)
     change[0] = True
     for array in ids:
+        if array.null_count == 0:
+            values = array.to_numpy()
+            change[1:] |= values[1:] != values[:-1]
+            continue
         values = array.fill_null(0).to_numpy()
         valid = array.is_valid().to_numpy(zero_copy_only=False)
         change[1:] |= (values[1:] != values[:-1]) | (valid[1:] != valid[:-1])
-    run = np.cumsum(change) - 1
+    starts = np.flatnonzero(change)  # each copy's first row: a copy's rows are consecutive
+    rows = np.diff(np.append(starts, n))
     punctuation = table.column(columns.key).is_null()
     for event in columns.events:
         if event is not None:
             punctuation = pc.and_(punctuation, table.column(event[0]).is_null())
-    work: dict[str, Any] = {
-        "_run": pa.array(run),
-        "_row": pa.array(np.arange(n, dtype=np.int64)),
-        "_tuple": pc.cast(pc.invert(punctuation), pa.int64()),
-        "origin": ids[0],
-        "sequence": ids[1],
-        "chunk": ids[2],
-    }
-    aggs: list[tuple[str, str]] = [("_row", "min"), ("_row", "max"), ("_row", "count"), ("_tuple", "sum")]
-    aggs += [("origin", "min"), ("sequence", "min"), ("chunk", "min")]
-    for name, column, _ in columns.meta:
-        work[name] = as_int64(table.column(column))
-        aggs += [(name, "min"), (name, "max"), (name, "count")]
-    for index, event in enumerate(columns.events):
-        if event is not None:
-            work[f"ev{index}"] = as_int64(table.column(event[0]))
-            aggs += [(f"ev{index}", "min"), (f"ev{index}", "max")]
-    grouped = pa.table(work).group_by("_run", use_threads=False).aggregate(aggs).sort_by("_run")
+    tuples = np.add.reduceat(pc.invert(punctuation).to_numpy(zero_copy_only=False).astype(np.int64), starts)
     out: dict[str, Any] = {
-        "_file": pa.array([path] * grouped.num_rows, pa.string()),
-        "origin": grouped["origin_min"],
-        "sequence": grouped["sequence_min"],
-        "chunk": grouped["chunk_min"],
-        "rows": grouped["_row_count"],
-        "tuples": grouped["_tuple_sum"],
-        "row_min": grouped["_row_min"],
-        "row_max": grouped["_row_max"],
+        "_file": pa.array([path] * len(starts), pa.string()),
+        # A copy's rows share its identity (a new copy starts where it changes): its first row's.
+        "origin": ids[0].take(starts),
+        "sequence": ids[1].take(starts),
+        "chunk": ids[2].take(starts),
+        "rows": pa.array(rows),
+        "tuples": pa.array(tuples),
+        "row_min": pa.array(starts),
+        "row_max": pa.array(starts + rows - 1),
     }
-    for name, _, kind in columns.meta:
-        out[f"{name}_min"] = pa.array([raw_micros(v, kind) for v in grouped[f"{name}_min"].to_pylist()], pa.int64())
-        out[f"{name}_max"] = pa.array([raw_micros(v, kind) for v in grouped[f"{name}_max"].to_pylist()], pa.int64())
-        out[f"{name}_n"] = grouped[f"{name}_count"]
+    for name, column, kind in columns.meta:
+        low, high, count = _per_copy(as_int64(table.column(column)), starts)
+        out[f"{name}_min"] = pa.array([raw_micros(v, kind) for v in low], pa.int64())
+        out[f"{name}_max"] = pa.array([raw_micros(v, kind) for v in high], pa.int64())
+        out[f"{name}_n"] = pa.array(count)
     for index, event in enumerate(columns.events):
-        for stat in ("min", "max"):
-            if event is None:
-                out[f"ev{index}_{stat}"] = pa.nulls(grouped.num_rows, pa.int64())
-            else:
-                values = grouped[f"ev{index}_{stat}"].to_pylist()
-                out[f"ev{index}_{stat}"] = pa.array([raw_micros(v, event[1]) for v in values], pa.int64())
+        if event is None:
+            for stat in ("min", "max"):
+                out[f"ev{index}_{stat}"] = pa.nulls(len(starts), pa.int64())
+            continue
+        low, high, _ = _per_copy(as_int64(table.column(event[0])), starts)
+        out[f"ev{index}_min"] = pa.array([raw_micros(v, event[1]) for v in low], pa.int64())
+        out[f"ev{index}_max"] = pa.array([raw_micros(v, event[1]) for v in high], pa.int64())
     return pa.table(out).cast(schema)
 
 

@@ -39,6 +39,11 @@ _DEFAULTS = {
     # call in the JVM: four more py4j round trips per call, 40 % of a micro-batch's plan
     # building (docs/performance.md). Replay's errors name files, origins and sequences instead.
     "spark.python.sql.dataFrameDebugging.enabled": "false",
+    # Rows cross to Python (a pass's writer) in Arrow batches of at most 10,000 rows
+    # (``maxRecordsPerBatch``); a byte limit as well makes Spark measure every vector of the batch
+    # after each row: 9 % of a pass's task time in a JVM profile (docs/performance.md). The byte
+    # limit is off at this value exactly.
+    "spark.sql.execution.arrow.maxBytesPerBatch": str(2**31 - 1),
 }
 
 

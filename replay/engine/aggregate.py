@@ -170,7 +170,9 @@ def run_pass(
     # rows' metadata columns (observing every batch's sums on every row cost more: 10M tuples in
     # 20 batches, 24 s against 13 to 15 s; so did grouping the partials by batch as well, whose
     # two consumers Spark did not compute once: docs/performance.md).
-    terms = pass_counts.count_terms(specs, spec_cols, key_index, nkeys) if rows_frame is not None else []
+    bounded = range_start is not None or range_end is not None
+    terms, same = pass_counts.count_terms(specs, spec_cols, key_index, nkeys, bounded=bounded)
+    terms = terms if rows_frame is not None else []
     terms = pass_counts.packed(terms, int(reads.column("rows").sum()))
     # A pass of several batches whose batches' counts follow from the pass's totals (``pass_counts.derives``)
     # counts like a pass of one batch, and splits the rows outside every window by batch.
@@ -203,6 +205,9 @@ def run_pass(
         parts["counts"] = Part(
             work.counts_dir, placed, bytes(pa.schema([(n, pa.int64()) for n in counted]).serialize())
         )
+    # A window's first batch with a tuple in it (``_fb``), a minimum per window; in a pass of one
+    # batch without carried copies it is that batch (one aggregate less per window group).
+    first_batch = "d_batch" if len(steps) > 1 or carried else None
     for s, spec in enumerate(specs):
         i = key_index[spec.wm_key]
         cols = spec_cols[s]
@@ -219,7 +224,7 @@ def run_pass(
                 spec,
                 cols,
                 on_time=F.col(f"_on{i}"),
-                first_batch="d_batch",
+                first_batch=first_batch,
                 extra=ride,
                 rest_group=True,
                 late=late_rows[0] if late_here else None,
@@ -236,6 +241,7 @@ def run_pass(
                 )
                 if not derive:
                     fresh = fresh.drop(*[f"_c_{name}" for name, _ in terms])
+            fresh = _with_first_batch(fresh, first_batch, steps[0].batch)
             kept = F.col("_rows") > 0
             if late_here:
                 kept = kept | F.col("_late").isNotNull()
@@ -243,8 +249,8 @@ def run_pass(
                 kept = kept | (F.col("_rb") > 0)  # a batch's rows outside every window: its counts
             pieces.append(fresh.where(kept))
         elif rows_frame is not None:
-            fresh = partials(rows_frame.where(F.col(f"_on{i}")), spec, cols, first_batch="d_batch")
-            pieces.append(fresh.where(F.col("_rows") > 0))
+            fresh = partials(rows_frame.where(F.col(f"_on{i}")), spec, cols, first_batch=first_batch)
+            pieces.append(_with_first_batch(fresh, first_batch, steps[0].batch).where(F.col("_rows") > 0))
         if not pieces:
             continue
         rest = derive and s == 0  # this aggregation's groups carry each batch's counts
@@ -374,11 +380,23 @@ def run_pass(
                     by_batch[at] = by_batch.get(at, 0) + value if name != "batch" else row["batch"]
     shutil.rmtree(work.counts_dir, ignore_errors=True)
     if derive:
-        totals, outside = pass_counts.unpacked(observed_counts), pass_counts.unpacked(by_batch)
+        totals = pass_counts.filled(pass_counts.unpacked(observed_counts), same)
+        outside = pass_counts.filled(pass_counts.unpacked(by_batch), same)
         observed_counts = pass_counts.derived(work, specs, written, totals, outside)
     else:
         observed_counts.update(by_batch)
-    return pass_counts.results(work, specs, nkeys, written, pass_counts.unpacked(observed_counts))
+    counts = pass_counts.filled(pass_counts.unpacked(observed_counts), same)
+    return pass_counts.results(work, specs, nkeys, written, counts)
+
+
+def _with_first_batch(fresh: DataFrame, first_batch: str | None, batch: int) -> DataFrame:
+    """``fresh`` partials with ``_fb``: as aggregated over ``first_batch``, or ``batch`` for each
+    window group (``_rows > 0``) when every row was decided by it (``first_batch`` is ``None``)."""
+    from pyspark.sql import functions as F
+
+    if first_batch is not None:
+        return fresh
+    return fresh.withColumn("_fb", F.when(F.col("_rows") > 0, F.lit(batch).cast("long")))
 
 
 def _arrow_schema(struct: StructType) -> bytes:

@@ -24,15 +24,27 @@ from replay.engine.windows import WindowColumns, owner_start, owns_its_members, 
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
-__all__ = ["PASS", "count_terms", "derived", "derives", "packed", "results", "unpacked"]
+__all__ = ["PASS", "count_terms", "derived", "derives", "filled", "packed", "results", "unpacked"]
 
 
 def count_terms(
-    specs: Sequence[WindowSpec], spec_cols: Mapping[int, WindowColumns], key_index: Mapping[str, int], nkeys: int
-) -> list[tuple[str, Column]]:
+    specs: Sequence[WindowSpec],
+    spec_cols: Mapping[int, WindowColumns],
+    key_index: Mapping[str, int],
+    nkeys: int,
+    *,
+    bounded: bool,
+) -> tuple[list[tuple[str, Column]], dict[str, str | None]]:
     """What the ledger checks of each batch, as per-row values to sum over its rows: rows,
     tuples, the copy-id checksum in 32-bit halves, late, on-time and outside-range tuples per key
-    and, per window aggregation, the on-time tuples a window of it owns (``owner_start``)."""
+    and, per window aggregation, the on-time tuples a window of it owns (``owner_start``).
+
+    A count that is the same as another on every row is not summed twice: it is in the second
+    result, by name, with the count it equals (``None``: 0), for ``filled``. Without a backfill
+    range (``bounded`` false) no tuple is outside it; a window aggregation whose windows own each
+    tuple they hold (tumbling, no range start) owns every on-time tuple of its key. Each count
+    summed is one more aggregate per window group of the first window aggregation, where a pass's
+    counts ride."""
     from pyspark.sql import functions as F
 
     def one(condition: Column) -> Column:
@@ -44,19 +56,36 @@ def count_terms(
         ("cid_lo", F.col("d_cid").bitwiseAND(F.lit(0xFFFFFFFF))),
         ("cid_hi", F.shiftrightunsigned(F.col("d_cid"), 32)),
     ]
-    terms += [(f"{name}{k}", one(F.col(f"_{name}{k}"))) for k in range(nkeys) for name in ("late", "on", "out")]
+    same: dict[str, str | None] = {}
+    for k in range(nkeys):
+        terms += [(f"late{k}", one(F.col(f"_late{k}"))), (f"on{k}", one(F.col(f"_on{k}")))]
+        if bounded:
+            terms.append((f"out{k}", one(F.col(f"_out{k}"))))
+        else:
+            same[f"out{k}"] = None
     for s, spec in enumerate(specs):
         i, cols = key_index[spec.wm_key], spec_cols[s]
         t = F.col(f"_ev{i}")
         if owns_its_members(spec, cols) and cols.range_start is None:
-            terms.append((f"win{s}", one(F.col(f"_on{i}"))))  # every on-time tuple has its owner window
+            same[f"win{s}"] = f"on{i}"  # every on-time tuple has its owner window
             continue
         owner = owner_start(t, spec, cols)
         kept = F.col(f"_on{i}") & (window_end(owner, spec) > t)
         if cols.range_start is not None:
             kept = kept & (owner >= F.lit(cols.range_start))
         terms.append((f"win{s}", one(kept)))
-    return terms
+    return terms, same
+
+
+def filled(counts: Mapping[str, Any], same: Mapping[str, str | None]) -> dict[str, Any]:
+    """``counts`` (``<name>_<batch>``) with the counts ``count_terms`` did not sum: each batch's
+    is the one it equals, or 0."""
+    out = dict(counts)
+    batches = {key.rpartition("_")[2] for key in counts}
+    for name, source in same.items():
+        for batch in batches:
+            out[f"{name}_{batch}"] = 0 if source is None else counts.get(f"{source}_{batch}", 0)
+    return out
 
 
 def derives(specs: Sequence[WindowSpec], spec_cols: Mapping[int, WindowColumns], nkeys: int) -> bool:

@@ -205,13 +205,32 @@ def partials(
     if rest_group:
         key, start = F.when(member, key), F.when(member, start).otherwise(F.lit(REST_START))
     keys = [key.alias("key"), start.alias("window_start")]
-    if late is not None:
-        keys.append(late.alias("_late"))
-        first.append(F.count(F.when(F.col("_first"), late)).alias("_late_n"))
     if rest_by is not None:
         rest = ~member if late is None else ~member & late.isNull()
-        keys.append(F.when(rest, F.col(_q(rest_by))).alias("_rb"))
-    return assigned.groupBy(*keys).agg(*_partial_exprs(spec, cols, member, owned), *first, *extra)
+        rest_key = [F.when(rest, F.col(_q(rest_by))).alias("_rb")]
+    else:
+        rest_key = []
+    exprs = _partial_exprs(spec, cols, member, owned)
+    if late is None:
+        return assigned.groupBy(*keys, *rest_key).agg(*exprs, *first, *extra)
+    # A late tuple is never a member of a window, so a group holds members or late tuples: one count
+    # of both (``_n``) is its ``_rows`` or its ``_late_n`` (one aggregate less per group).
+    # Where every window owns its members, its ``_owned`` is its ``_rows`` too.
+    late_once = F.col("_first") & late.isNotNull()
+    each = owns_its_members(spec, cols)
+    grouped = assigned.groupBy(*keys, late.alias("_late"), *rest_key).agg(
+        F.count(F.when(member | late_once, F.lit(1))).alias("_n"), *exprs[2 if each else 1 :], *first, *extra
+    )
+    is_late = F.col("_late").isNotNull()
+    members = F.when(is_late, F.lit(0).cast("long")).otherwise(F.col("_n"))
+    late_n = F.when(is_late, F.col("_n")).otherwise(F.lit(0).cast("long")).alias("_late_n")
+    # The columns in the order without ``late``: the keys, ``_rows``, ``_owned``, the partials,
+    # ``_fb``, ``_late_n``, ``extra``.
+    names = grouped.columns
+    at = len(keys) + 1 + len(rest_key)  # ``_n``
+    end = at + 1 + len(exprs) - (2 if each else 1) + len(first)  # after ``_fb``
+    counted = [members.alias("_rows"), members.alias("_owned")] if each else [members.alias("_rows")]
+    return grouped.select(*names[:at], *counted, *names[at + 1 : end], late_n, *names[end:])
 
 
 def merge(

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
-from replay.engine.pass_counts import packed, unpacked
+from replay.engine.pass_counts import filled, packed, unpacked
 
 _count = st.integers(0, 2**31 - 1)  # a count of a pass with fewer than 2**31 rows
 
@@ -36,3 +36,12 @@ def test_sums_of_packed_counts_equal_the_counts(spark: Any) -> None:
     assert unpacked(row.asDict()) == {"cid_lo_1": 499500, "rows_1": 1000, "a_1": 334, "b_1": 143, "c_1": 500}
     # A pass of 2**31 rows or more keeps every count in a long of its own.
     assert [name for name, _ in packed(terms, 2**31)] == ["rows", "cid_lo", "a", "b", "c"]
+
+
+def test_a_count_not_summed_is_filled_in_from_the_one_it_equals() -> None:
+    """Without a backfill range no tuple is outside it, and a tumbling window aggregation owns every
+    on-time tuple: ``count_terms`` sums neither, and ``filled`` gives them for every batch."""
+    counts = {"on0_3": 5, "late0_3": 1, "on0_4": 2, "late0_4": 0}
+    same = {"out0": None, "win0": "on0", "win1": "on0"}
+    wanted = {"out0_3": 0, "out0_4": 0, "win0_3": 5, "win0_4": 2, "win1_3": 5, "win1_4": 2}
+    assert filled(counts, same) == counts | wanted

@@ -214,8 +214,8 @@ def partials(
     if late is None:
         return assigned.groupBy(*keys, *rest_key).agg(*exprs, *first, *extra)
     # A late tuple is never a member of a window, so a group holds members or late tuples: one count
-    # of both (``_n``) is its ``_rows`` or its ``_late_n`` (one aggregate less per group).
-    # Where every window owns its members, its ``_owned`` is its ``_rows`` too.
+    # of both (``_n``) is its ``_rows`` or its ``_late_n``, and where every window owns its members
+    # its ``_owned`` too (an aggregate or two less per group, updated on every row).
     late_once = F.col("_first") & late.isNotNull()
     each = owns_its_members(spec, cols)
     grouped = assigned.groupBy(*keys, late.alias("_late"), *rest_key).agg(

@@ -207,7 +207,7 @@ def run_pass(
         )
     # A window's first batch with a tuple in it (``_fb``), a minimum per window; in a pass of one
     # batch without carried copies it is that batch (one aggregate less per window group).
-    first_batch = "d_batch" if len(steps) > 1 or carried else None
+    first_batch: str | int = "d_batch" if len(steps) > 1 or carried else steps[0].batch
     for s, spec in enumerate(specs):
         i = key_index[spec.wm_key]
         cols = spec_cols[s]
@@ -241,7 +241,6 @@ def run_pass(
                 )
                 if not derive:
                     fresh = fresh.drop(*[f"_c_{name}" for name, _ in terms])
-            fresh = _with_first_batch(fresh, first_batch, steps[0].batch)
             kept = F.col("_rows") > 0
             if late_here:
                 kept = kept | F.col("_late").isNotNull()
@@ -250,7 +249,7 @@ def run_pass(
             pieces.append(fresh.where(kept))
         elif rows_frame is not None:
             fresh = partials(rows_frame.where(F.col(f"_on{i}")), spec, cols, first_batch=first_batch)
-            pieces.append(_with_first_batch(fresh, first_batch, steps[0].batch).where(F.col("_rows") > 0))
+            pieces.append(fresh.where(F.col("_rows") > 0))
         if not pieces:
             continue
         rest = derive and s == 0  # this aggregation's groups carry each batch's counts
@@ -379,24 +378,15 @@ def run_pass(
                     at = f"{name}_{row['batch']}"
                     by_batch[at] = by_batch.get(at, 0) + value if name != "batch" else row["batch"]
     shutil.rmtree(work.counts_dir, ignore_errors=True)
-    if derive:
-        totals = pass_counts.filled(pass_counts.unpacked(observed_counts), same)
-        outside = pass_counts.filled(pass_counts.unpacked(by_batch), same)
-        observed_counts = pass_counts.derived(work, specs, written, totals, outside)
+
+    def taken_apart(raw: Mapping[str, Any]) -> dict[str, Any]:
+        return pass_counts.filled(pass_counts.unpacked(raw), same)
+
+    if derive:  # each batch's counts from the pass's totals and its rows outside every window
+        counts = pass_counts.derived(work, specs, written, taken_apart(observed_counts), taken_apart(by_batch))
     else:
-        observed_counts.update(by_batch)
-    counts = pass_counts.filled(pass_counts.unpacked(observed_counts), same)
+        counts = taken_apart(observed_counts | by_batch)
     return pass_counts.results(work, specs, nkeys, written, counts)
-
-
-def _with_first_batch(fresh: DataFrame, first_batch: str | None, batch: int) -> DataFrame:
-    """``fresh`` partials with ``_fb``: as aggregated over ``first_batch``, or ``batch`` for each
-    window group (``_rows > 0``) when every row was decided by it (``first_batch`` is ``None``)."""
-    from pyspark.sql import functions as F
-
-    if first_batch is not None:
-        return fresh
-    return fresh.withColumn("_fb", F.when(F.col("_rows") > 0, F.lit(batch).cast("long")))
 
 
 def _arrow_schema(struct: StructType) -> bytes:

@@ -153,7 +153,7 @@ def partials(
     *,
     on_time: Column | None = None,
     extra: Sequence[Column] = (),
-    first_batch: str | None = None,
+    first_batch: str | int | None = None,
     rest_group: bool = False,
     late: Column | None = None,
     rest_by: str | None = None,
@@ -167,7 +167,8 @@ def partials(
     through the aggregation, so ``extra`` aggregates can count every row in the same
     pass: each row appears once with ``_first`` true (sliding windows repeat rows). Groups
     with ``_rows == 0`` hold no window: callers drop them before merging. ``first_batch``: a
-    column whose smallest value over the window's member tuples becomes ``_fb``. With
+    column whose smallest value over the window's member tuples becomes ``_fb``, or the batch
+    that decided every row (``_fb`` on each window group, no aggregate). With
     ``rest_group`` the rows that are members of no window go to one group of their own (a null
     key, window start ``REST_START``, ``_rows == 0``) instead of one group per (key, start): a
     pass counts every row in its ``extra`` aggregates at the cost of one more group. ``late``
@@ -200,7 +201,7 @@ def partials(
         member = member & (shape.end(F.col("_start"), COLUMN_OPS) <= F.lit(cols.range_end))
     # Said so, Spark does not compute the owner's start again per row.
     owned = F.lit(True) if owns_its_members(spec, cols) else F.col("_start") == owner_start(t, spec, cols)
-    first = [] if first_batch is None else [F.min(F.when(member, F.col(_q(first_batch)))).alias("_fb")]
+    first = [F.min(F.when(member, F.col(_q(first_batch)))).alias("_fb")] if isinstance(first_batch, str) else []
     key, start = F.col(_q(cols.key)), F.col("_start")
     if rest_group:
         key, start = F.when(member, key), F.when(member, start).otherwise(F.lit(REST_START))
@@ -212,7 +213,7 @@ def partials(
         rest_key = []
     exprs = _partial_exprs(spec, cols, member, owned)
     if late is None:
-        return assigned.groupBy(*keys, *rest_key).agg(*exprs, *first, *extra)
+        return _first_batch(assigned.groupBy(*keys, *rest_key).agg(*exprs, *first, *extra), first_batch)
     # A late tuple is never a member of a window, so a group holds members or late tuples: one count
     # of both (``_n``) is its ``_rows`` or its ``_late_n``, and where every window owns its members
     # its ``_owned`` too (an aggregate or two less per group, updated on every row).
@@ -224,13 +225,22 @@ def partials(
     is_late = F.col("_late").isNotNull()
     members = F.when(is_late, F.lit(0).cast("long")).otherwise(F.col("_n"))
     late_n = F.when(is_late, F.col("_n")).otherwise(F.lit(0).cast("long")).alias("_late_n")
-    # The columns in the order without ``late``: the keys, ``_rows``, ``_owned``, the partials,
-    # ``_fb``, ``_late_n``, ``extra``.
+    # The columns in the order without ``late``: ``_n`` becomes ``_rows`` (and ``_owned``), and
+    # ``_late_n`` comes before ``extra``.
     names = grouped.columns
-    at = len(keys) + 1 + len(rest_key)  # ``_n``
-    end = at + 1 + len(exprs) - (2 if each else 1) + len(first)  # after ``_fb``
+    at, end = names.index("_n"), len(names) - len(extra)
     counted = [members.alias("_rows"), members.alias("_owned")] if each else [members.alias("_rows")]
-    return grouped.select(*names[:at], *counted, *names[at + 1 : end], late_n, *names[end:])
+    return _first_batch(grouped.select(*names[:at], *counted, *names[at + 1 : end], late_n, *names[end:]), first_batch)
+
+
+def _first_batch(grouped: DataFrame, first_batch: str | int | None) -> DataFrame:
+    """``grouped`` with ``_fb`` on each window group (``_rows > 0``) when every row was decided by
+    batch ``first_batch``."""
+    from pyspark.sql import functions as F
+
+    if not isinstance(first_batch, int):
+        return grouped
+    return grouped.withColumn("_fb", F.when(F.col("_rows") > 0, F.lit(first_batch).cast("long")))
 
 
 def merge(

@@ -228,19 +228,32 @@ def _hashes_table(path: str, work: tuple[Sequence[tuple[int, int, int, int, int]
 
 def _spark_paths(spark: SparkSession, layout: ArchiveLayout, files: Sequence[str]) -> dict[str, str]:
     """The path Spark's Parquet reader reports for each of ``files`` (``_metadata.file_path``, which
-    the pass matches copies by), by file: one small Spark job that decodes no column of the files."""
+    the pass matches copies by), by file. A local file's is made in the driver's JVM as Hadoop's
+    local file system writes it (the absolute path as ``java.io.File`` makes it a URI, through
+    Hadoop's ``Path``: ``file:/dir%20name/a%23b.parquet``), without reading the file; the others'
+    come from one small Spark job that decodes no column of the files."""
     from pyspark.sql import functions as F
 
     from replay.engine.archive import spark_schema
     from replay.engine.archive_rows import read_parquet
 
-    first_rows = read_parquet(spark, spark_schema(layout), list(files)).where(F.col("_metadata.row_index") == 0)
     paths: dict[str, str] = {}
+    remote: list[str] = []
+    jvm = spark.sparkContext._jvm  # Hadoop's classes: PySpark has no public handle on them
+    for given in files:
+        local = local_path(given)
+        if local is None or jvm is None:
+            remote.append(given)
+            continue
+        uri = jvm.java.io.File(local).getAbsoluteFile().toURI()
+        paths[given] = str(jvm.org.apache.hadoop.fs.Path(uri).toUri().toString())
+    if not remote:
+        return paths
+    first_rows = read_parquet(spark, spark_schema(layout), remote).where(F.col("_metadata.row_index") == 0)
     for row in first_rows.select(F.col("_metadata.file_path").alias("path")).collect():
         reported = str(row["path"])
-        local = local_path(reported)
-        for given in files:
-            if given == reported or (local is not None and local_path(given) == local):
+        for given in remote:
+            if given == reported:
                 paths[given] = reported
     return paths
 

@@ -35,9 +35,9 @@ def count_terms(
     *,
     bounded: bool,
 ) -> tuple[list[tuple[str, Column]], dict[str, str | None]]:
-    """What the ledger checks of each batch, as per-row values to sum over its rows: rows,
-    tuples, the copy-id checksum in 32-bit halves, late, on-time and outside-range tuples per key
-    and, per window aggregation, the on-time tuples a window of it owns (``owner_start``).
+    """What the ledger checks of each batch, as per-row values to sum over its rows: rows, tuples,
+    the copy checksum (a long per row, ``PassWork.checksum_bits``), late, on-time and outside-range
+    tuples per key and, per window aggregation, the on-time tuples a window of it owns (``owner_start``).
 
     A count that is the same as another on every row is not summed twice: it is in the second
     result, by name, with the count it equals (``None``: 0), for ``filled``. Without a backfill
@@ -53,8 +53,7 @@ def count_terms(
     terms = [
         ("rows", F.lit(1)),
         ("tuples", one(F.col("_tuple"))),
-        ("cid_lo", F.col("d_cid").bitwiseAND(F.lit(0xFFFFFFFF))),
-        ("cid_hi", F.shiftrightunsigned(F.col("d_cid"), 32)),
+        ("checksum", F.col("d_weight")),
     ]
     same: dict[str, str | None] = {}
     for k in range(nkeys):
@@ -129,7 +128,7 @@ def derived(
     out: dict[str, int] = {}
     for step in work.steps:
         b = step.batch
-        rows, tuples, cid_lo, cid_hi = work.reads.checksums(b)
+        rows, tuples, checksum = work.reads.checksums(b, bits=work.checksum_bits)
 
         def rest(name: str, batch: int = b) -> int:
             return int(outside.get(f"{name}_{batch}") or 0)
@@ -139,20 +138,19 @@ def derived(
         out |= {
             f"rows_{b}": rows,
             f"tuples_{b}": tuples,
-            f"cid_lo_{b}": cid_lo,
-            f"cid_hi_{b}": cid_hi,
+            f"checksum_{b}": checksum,
             f"late0_{b}": late + rest("late0"),
             f"on0_{b}": inside + rest("on0"),
             f"out0_{b}": rest("out0"),
         }
         out |= {f"win{s}_{b}": inside + rest(f"win{s}") for s in range(len(specs))}
-    names = ["rows", "tuples", "cid_lo", "cid_hi", "late0", "on0", "out0", *[f"win{s}" for s in range(len(specs))]]
+    names = ["rows", "tuples", "checksum", "late0", "on0", "out0", *[f"win{s}" for s in range(len(specs))]]
     for name in names:
         seen = int(totals.get(f"{name}_{PASS}") or 0)
         summed = sum(out[f"{name}_{step.batch}"] for step in work.steps)
         if seen != summed:
             first, last = work.steps[0].batch, work.steps[-1].batch
-            read = name in ("rows", "tuples", "cid_lo", "cid_hi")
+            read = name in ("rows", "tuples", "checksum")
             raise LedgerError(
                 f"Spark counted {seen} for {name!r} over the rows of batches {first} to {last}, and the batches' "
                 f"counts add up to {summed}" + (": it read other rows than the scan counted" if read else ""),
@@ -166,8 +164,8 @@ def derived(
     return out
 
 
-#: The ledger's counts that are not 0 or 1 per row (the copy-id checksum's halves).
-_CHECKSUMS = ("cid_lo", "cid_hi")
+#: The ledger's count that is not 0 or 1 per row (the copy checksum).
+_CHECKSUMS = ("checksum",)
 _PACKED_ROWS = 2**31  # a pass with fewer rows packs its 0-or-1 counts two to a long
 
 
@@ -238,8 +236,8 @@ def results(
             Counts(
                 rows=int(metrics[f"rows_{b}"]),
                 tuples=int(metrics[f"tuples_{b}"]),
-                cid_lo=int(metrics[f"cid_lo_{b}"]),
-                cid_hi=int(metrics[f"cid_hi_{b}"]),
+                checksum=int(metrics[f"checksum_{b}"]),
+                checksum_bits=work.checksum_bits,
                 late=tuple(int(metrics[f"late{k}_{b}"]) for k in range(nkeys)),
                 on_time=tuple(int(metrics[f"on{k}_{b}"]) for k in range(nkeys)),
                 outside=tuple(int(metrics[f"out{k}_{b}"]) for k in range(nkeys)),

@@ -25,6 +25,7 @@ __all__ = [
     "Step",
     "WorkResult",
     "buffer_copy_id",
+    "checksum_bits",
     "copy_id",
 ]
 
@@ -39,6 +40,14 @@ def copy_id(origin: int, sequence: int, chunk: int, file: str, row_start: int) -
 
 def buffer_copy_id(buf: Buffer) -> int:
     return copy_id(buf.origin, buf.sequence, buf.chunk, buf.file, buf.row_start)
+
+
+def checksum_bits(rows: int) -> int:
+    """How many low bits of a copy id its weight in the copy checksum of a pass of ``rows`` rows keeps
+    (``Reads.weights``): as many as a sum over those rows leaves room for in a long, so that Spark
+    sums one long per row rather than the id's two 32-bit halves (an aggregate less per row). 39 bits
+    for 10M rows: a copy read in place of another changes the sum unless their weights agree."""
+    return max(1, 63 - rows.bit_length())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -158,17 +167,19 @@ class Reads(Sequence[Read]):
         """A packed field of every copy read (``PackedBuffers.column``)."""
         return self.buffers.column(name)
 
-    def checksums(self, batch: int | None = None) -> tuple[int, int, int, int]:
+    def weights(self, bits: int) -> npt.NDArray[np.int64]:
+        """Each copy's weight in the copy checksum: the low ``bits`` bits of its copy id."""
+        return self.copy_ids & ((1 << bits) - 1)
+
+    def checksums(self, batch: int | None = None, *, bits: int) -> tuple[int, int, int]:
         """What Spark must count over the rows of these copies (of ``batch`` only, when given): rows,
-        tuples and the copy-id checksum's two halves (each row adds its copy id's low and high 32
-        bits). Python integers: a sum of rows times a 32-bit half can pass 2**63."""
+        tuples and the copy checksum, each row adding its copy's weight (``weights``: ``bits`` as
+        ``PassWork.checksum_bits`` gives them, so that Spark's sum fits in a long)."""
         mine = slice(None) if batch is None else self.batches == batch
         rows: list[int] = self.column("rows")[mine].tolist()
-        ids: list[int] = self.copy_ids[mine].tolist()
+        weights: list[int] = self.weights(bits)[mine].tolist()
         tuples = int(self.column("tuples")[mine].sum())
-        lo = sum(n * (cid & 0xFFFFFFFF) for n, cid in zip(rows, ids, strict=True))
-        hi = sum(n * (cid >> 32) for n, cid in zip(rows, ids, strict=True))
-        return sum(rows), tuples, lo, hi
+        return sum(rows), tuples, sum(n * w for n, w in zip(rows, weights, strict=True))
 
     def may_hold_late(self) -> npt.NDArray[np.bool_]:
         """Per copy: decided by a batch of the pass, with tuples, and for some key an event time
@@ -208,6 +219,11 @@ class PassWork:
     range: tuple[int | None, int | None] = (None, None)
     checked: Mapping[tuple[int, int, int], frozenset[str]] = field(default_factory=dict)
 
+    @property
+    def checksum_bits(self) -> int:
+        """``checksum_bits`` of the pass's rows."""
+        return checksum_bits(int(self.reads.column("rows").sum()))
+
     def check_level(self, buf: Buffer) -> int:
         """0: rows match ``buf`` by identity; 1: by identity and file; 2: and by row range too."""
         others = self.checked.get(buf.identity)
@@ -218,14 +234,14 @@ class PassWork:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Counts:
-    """What Spark saw of the batch's copies, summed: rows, tuples, a checksum of the copy ids
-    (the sum over rows of each row's copy id, split in 32-bit halves), and per key the late,
+    """What Spark saw of the batch's copies, summed: rows, tuples, the copy checksum (the sum over
+    rows of each row's copy weight, ``Reads.weights`` of ``checksum_bits``), and per key the late,
     on-time and outside-range tuples."""
 
     rows: int
     tuples: int
-    cid_lo: int
-    cid_hi: int
+    checksum: int
+    checksum_bits: int
     late: tuple[int, ...]
     on_time: tuple[int, ...]
     outside: tuple[int, ...]

@@ -1,6 +1,6 @@
 """A pass's rows: the archive rows of the copies it reads, each with its copy's decision (``d_*``
-columns: the batch that decided it, its thresholds and reasons per key, its copy id), its
-event times in microseconds (``_ev<k>``) and per key whether it is late, on time or outside a
+columns: the batch that decided it, its thresholds and reasons per key, its weight in the copy
+checksum), its event times in microseconds (``_ev<k>``) and per key whether it is late, on time or outside a
 backfill range (``_late<k>``, ``_on<k>``, ``_out<k>``; ``_tuple``: not a punctuation row).
 
 When the pass needs less than half of the rows of the files it touches, Spark tasks read
@@ -96,7 +96,7 @@ def _decision_frame(
         row_start = reads.column("row_start")
         columns["d_lo"] = pa.array(row_start)
         columns["d_hi"] = pa.array(row_start + reads.column("rows") - 1)
-    columns["d_cid"] = pa.array(reads.copy_ids)
+    columns["d_weight"] = pa.array(reads.weights(work.checksum_bits))
     if level >= 1:
         columns["d_check"] = pa.array(np.array([work.check_level(buf) for buf in reads.buffers], dtype=np.int32))
     columns["d_batch"] = pa.array(reads.batches)
@@ -127,16 +127,16 @@ def _few_rows(reads: Reads) -> bool:
     return needed * 2 < total
 
 
-def _sliced(spark: SparkSession, reads: Reads, schema: StructType, nkeys: int) -> DataFrame:
+def _sliced(spark: SparkSession, reads: Reads, schema: StructType, nkeys: int, bits: int) -> DataFrame:
     """The rows of ``reads`` read by their row ranges (``replay.engine.slices``), decision columns attached."""
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    fields = [StructField("d_cid", LongType()), StructField("d_batch", LongType())]
+    fields = [StructField("d_weight", LongType()), StructField("d_batch", LongType())]
     for i in range(nkeys):
         fields += [StructField(f"d_thr{i}", LongType()), StructField(f"d_reason{i}", StringType())]
     slices: list[Slice] = []
-    for r, cid in zip(reads, reads.copy_ids.tolist(), strict=True):
-        values: list[Any] = [cid, r.batch]
+    for r, weight in zip(reads, reads.weights(bits).tolist(), strict=True):
+        values: list[Any] = [weight, r.batch]
         for i in range(nkeys):
             values += [r.thresholds[i], r.reasons[i]]
         slices.append((r.buf.file, r.buf.row_start, r.buf.rows, tuple(values)))
@@ -203,7 +203,7 @@ def pass_rows(
     nkeys = len(layout.keys)
     reads = work.reads
     range_start, range_end = work.range
-    joined = _sliced(spark, reads, schema, nkeys) if _few_rows(reads) else None
+    joined = _sliced(spark, reads, schema, nkeys, work.checksum_bits) if _few_rows(reads) else None
     if joined is None:
         joined = _joined(spark, reads, work, layout, schema, spark_paths, nkeys)
     raw = joined

@@ -145,12 +145,11 @@ def account(
 ) -> None:
     """Check what Spark saw against the metadata scan, then add the batch to the ledger."""
     ids: list[int] = reads.copy_ids.tolist()
-    expected_rows, expected_tuples, expected_lo, expected_hi = reads.checksums()
     counts = result.counts
+    expected_rows, expected_tuples, expected_checksum = reads.checksums(bits=counts.checksum_bits if counts else 63)
     if reads and (
         counts is None
-        or (counts.rows, counts.tuples, counts.cid_lo, counts.cid_hi)
-        != (expected_rows, expected_tuples, expected_lo, expected_hi)
+        or (counts.rows, counts.tuples, counts.checksum) != (expected_rows, expected_tuples, expected_checksum)
     ):
         seen = (counts.rows, counts.tuples) if counts else (0, 0)
         raise LedgerError(

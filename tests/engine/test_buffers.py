@@ -218,3 +218,30 @@ def test_the_scan_reads_event_times_only_where_needed(tmp_path: Path, spark: Any
     assert (full.min_event, full.max_event) == ((SECOND,), (SECOND + 1,))
     assert (lean.min_event, lean.max_event) == ((None,), (None,))
     assert (lean.watermarks, lean.tuples, lean.rows) == (full.watermarks, full.tuples, full.rows)
+
+
+def test_the_path_spark_reports_for_a_local_file_is_known_without_reading_it(tmp_path: Path, spark: Any) -> None:
+    """The pass matches a copy's rows by the path Spark's reader reports (``_metadata.file_path``):
+    the one Replay makes for a local file is that path, character for character, with names that URIs
+    escape (a space, ``%``, ``#``, non-ASCII letters) and ones they keep (``+``, ``,``, ``;=&``, ``'``),
+    given as a plain path (or, without characters to escape, as a ``file:`` URI)."""
+    from pyspark.sql import functions as F
+
+    from replay.engine.copies import _spark_paths
+
+    archive = tmp_path / "an archive"
+    archive.mkdir()
+    names = ["plain", "a b", "a%20b", "é ü", "a#b", "a+b", "a,b", "a;b=c&d", "q'uote", "a%b"]
+    files = []
+    for name in names:
+        pq.write_table(_rows(1, [1], [1, 2]), archive / f"{name}.parquet")
+        files.append(str(archive / f"{name}.parquet"))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    pq.write_table(_rows(1, [1], [1, 2]), plain / "x.parquet")
+    files.append((plain / "x.parquet").as_uri())
+    config = parse_config({"archive": str(archive)} | SHORT_COLUMNS)
+    made = _spark_paths(spark, inspect_schema(config), files)
+    for given in files:
+        reported = spark.read.parquet(given).select(F.col("_metadata.file_path")).first()
+        assert reported is not None and made[given] == reported[0], given

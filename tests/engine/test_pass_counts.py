@@ -16,8 +16,8 @@ _count = st.integers(0, 2**31 - 1)  # a count of a pass with fewer than 2**31 ro
 
 @given(low=_count, high=_count, batch=st.integers(1, 10**6))
 def test_a_packed_pair_comes_apart_into_its_two_counts(low: int, high: int, batch: int) -> None:
-    counts = unpacked({f"on0|out0_{batch}": low + (high << 32), f"cid_lo_{batch}": 7})
-    assert counts == {f"on0_{batch}": low, f"out0_{batch}": high, f"cid_lo_{batch}": 7}
+    counts = unpacked({f"on0|out0_{batch}": low + (high << 32), f"checksum_{batch}": 7})
+    assert counts == {f"on0_{batch}": low, f"out0_{batch}": high, f"checksum_{batch}": 7}
 
 
 @pytest.mark.spark
@@ -28,14 +28,14 @@ def test_sums_of_packed_counts_equal_the_counts(spark: Any) -> None:
         (F.col("id") % 2 == 0).cast("int").alias("c"),
         F.col("id").alias("cid"),
     )
-    terms = [("rows", F.lit(1)), ("cid_lo", F.col("cid")), ("a", F.col("a")), ("b", F.col("b")), ("c", F.col("c"))]
+    terms = [("rows", F.lit(1)), ("checksum", F.col("cid")), ("a", F.col("a")), ("b", F.col("b")), ("c", F.col("c"))]
     pairs = packed(terms, 1000)
-    assert [name for name, _ in pairs] == ["cid_lo", "rows|a", "b|c"]
+    assert [name for name, _ in pairs] == ["checksum", "rows|a", "b|c"]
     row = frame.agg(*[F.sum(value).alias(f"{name}_1") for name, value in pairs]).first()
     assert row is not None
-    assert unpacked(row.asDict()) == {"cid_lo_1": 499500, "rows_1": 1000, "a_1": 334, "b_1": 143, "c_1": 500}
+    assert unpacked(row.asDict()) == {"checksum_1": 499500, "rows_1": 1000, "a_1": 334, "b_1": 143, "c_1": 500}
     # A pass of 2**31 rows or more keeps every count in a long of its own.
-    assert [name for name, _ in packed(terms, 2**31)] == ["rows", "cid_lo", "a", "b", "c"]
+    assert [name for name, _ in packed(terms, 2**31)] == ["rows", "checksum", "a", "b", "c"]
 
 
 def test_a_count_not_summed_is_filled_in_from_the_one_it_equals() -> None:

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from replay.core.buffer import Buffer
-from replay.engine.passes import Read, Reads, buffer_copy_id
+from replay.engine.passes import Read, Reads, buffer_copy_id, checksum_bits
 
 _TIME = st.none() | st.integers(min_value=-5, max_value=5)
 
@@ -66,3 +66,24 @@ def test_only_copies_below_a_threshold_may_hold_late_tuples(reads: list[Read]) -
         for r in reads
     ]
     assert Reads.of(reads, nkeys=2).may_hold_late().tolist() == expected
+
+
+@given(_reads(), st.integers(0, 2**40), st.integers(0, 3))
+def test_the_copy_checksum_fits_a_long_and_follows_each_copy(reads: list[Read], more_rows: int, batch: int) -> None:
+    """Spark sums one weight per row (``checksum_bits``): however many rows a pass reads, the sum
+    stays below 2**63, and it is each copy's weight times its rows, batch by batch."""
+    packed = Reads.of(reads, nkeys=2)
+    rows = sum(r.buf.rows for r in reads) + more_rows
+    bits = checksum_bits(rows)
+    assert rows * ((1 << bits) - 1) < 2**63 and bits >= 63 - rows.bit_length()
+    weights = packed.weights(bits).tolist()
+    assert all(
+        0 <= w < 1 << bits and w == buffer_copy_id(r.buf) % (1 << bits) for w, r in zip(weights, reads, strict=True)
+    )
+    mine = [(r, w) for r, w in zip(reads, weights, strict=True) if r.batch == batch]
+    expected = (
+        sum(r.buf.rows for r, _ in mine),
+        sum(r.buf.tuples for r, _ in mine),
+        sum(r.buf.rows * w for r, w in mine),
+    )
+    assert packed.checksums(batch, bits=bits) == expected

@@ -195,9 +195,9 @@ def test_a_pass_whose_batches_do_not_add_up_to_what_spark_read_commits_nothing(
     each) differ from them, the pass stops with a ledger error before any of its batches commits."""
     checksums = Reads.checksums
 
-    def one_row_more(self: Reads, batch: int | None = None) -> tuple[int, int, int, int]:
-        rows, tuples, lo, hi = checksums(self, batch)
-        return (rows + 1 if batch == 2 else rows), tuples, lo, hi
+    def one_row_more(self: Reads, batch: int | None = None, *, bits: int) -> tuple[int, int, int]:
+        rows, tuples, checksum = checksums(self, batch, bits=bits)
+        return (rows + 1 if batch == 2 else rows), tuples, checksum
 
     monkeypatch.setattr(Reads, "checksums", one_row_more)
     config = job(
@@ -460,3 +460,46 @@ def test_a_late_tuple_that_occurs_several_times_is_written_as_often(
     assert view == reference_view(config)
     assert view["late"].count(view["late"][0]) == 3  # the repeated tuple, three times
     assert len(view["late"]) == 4
+
+
+@pytest.mark.parametrize(
+    ("max_buffers", "windows"),
+    [(None, None), (2, None), (2, _TUMBLING_ONLY)],
+    ids=["one-batch", "batches-counted", "batches-derived"],
+)
+def test_rows_moved_between_copies_after_the_scan_fail_the_ledger(
+    tmp_path: Path,
+    spark: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    max_buffers: int | None,
+    windows: list[dict[str, Any]] | None,
+) -> None:
+    """A file rewritten between the metadata scan and the pass so that a row of one buffer now
+    carries the identity of another buffer of the same batch: Spark reads as many rows and tuples
+    as the scan counted, for the batch and for the pass, but the copy checksum differs, and the
+    pass fails the ledger with nothing committed: in one batch, in a pass whose batches are
+    counted each, and in one whose batches' counts are derived from the pass's totals."""
+    import replay.runner.batch as batch_module
+
+    t0, second = parse_timestamp("2026-01-01T00:00:00Z"), 1_000_000
+    rows: list[dict[str, Any]] = []
+    for sequence in (1, 2, 3):  # batches of two buffers: {1, 2} and {3}
+        at = t0 + (sequence - 1) * second
+        rows += buffer_rows(1, sequence, watermark=at, events=[(at + i, 1, 1.0) for i in range(3)])
+    path = write_archive(tmp_path / "archive", rows)
+    settings: dict[str, Any] = {"micro_batch": {"max_buffers": max_buffers, "max_batches_per_pass": 32}}
+    config = job(tmp_path / "archive", tmp_path, **settings, **({"windows": windows} if windows else {}))
+    run_pass = batch_module.run_pass
+
+    def rewritten_first(*args: Any, **kwargs: Any) -> Any:
+        table = pq.read_table(path)
+        sequences = table.column("sequence_number").to_pylist()
+        sequences[sequences.index(2)] = 1  # the first row of sequence 2 now says sequence 1
+        pq.write_table(table.set_column(1, "sequence_number", pa.array(sequences, pa.int64())), path)
+        return run_pass(*args, **kwargs)
+
+    monkeypatch.setattr(batch_module, "run_pass", rewritten_first)
+    with pytest.raises(LedgerError, match=r"read other (copies|rows) than") as raised:
+        run(config, spark=spark)
+    assert "archiver" in raised.value.todo
+    assert CheckpointStore(Path(config.checkpoint)).latest() is None

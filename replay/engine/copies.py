@@ -165,6 +165,9 @@ def _holds(table: pa.Table, at: int, rows: int, identity: tuple[int, int, int], 
     return all(inside) and not (at > start and flags[0]) and not (stop > at + rows and flags[-1])
 
 
+_HASH_BATCH_ROWS = 32_768  # rows decoded at a time when reading the rows around copies to hash
+
+
 def hash_file_copies(path: str, copies: Sequence[tuple[int, int, int, int, int]], columns: _Columns) -> dict[int, str]:
     """The content hash of each copy ``(row_start, rows, origin, sequence, chunk)`` of the file at
     ``path`` that still holds it, by first row; only the row groups around the copies are read."""
@@ -188,16 +191,34 @@ def hash_file_copies(path: str, copies: Sequence[tuple[int, int, int, int, int]]
     if not groups:
         return {}
     ordered = sorted(groups)
-    table = parquet.read_row_groups(ordered, columns=[n for n in names if n in present])
-    for name in names:
-        if name not in present:  # a column this file does not have: null on its rows, as Spark reads it
-            table = table.append_column(name, pa.nulls(table.num_rows))
     # Where each group's rows begin in ``table`` (the groups are read in order, one after another).
     offset_of: dict[int, int] = {}
     position = 0
     for g in ordered:
         offset_of[g] = position
         position += starts[g + 1] - starts[g]
+    # The rows of ``table`` up to the row after the last copy: the groups are decoded in batches and
+    # the reading stops there (an archiver's file is often one row group; a copy in its first half
+    # then costs half a file, not all of it).
+    needed = 0
+    for row_start, rows, *_ in copies:
+        hi = min(row_start + rows + 1, starts[-1])
+        if row_start >= 0 and hi > row_start:
+            last = bisect.bisect_right(starts, hi - 1) - 1
+            needed = max(needed, offset_of[last] + hi - starts[last])
+    read = [n for n in names if n in present]
+    batches: list[pa.RecordBatch] = []
+    for batch in parquet.iter_batches(batch_size=_HASH_BATCH_ROWS, row_groups=ordered, columns=read, use_threads=False):
+        batches.append(batch)
+        needed -= batch.num_rows
+        if needed <= 0:
+            break
+    if not batches:
+        return {}
+    table = pa.Table.from_batches(batches)
+    for name in names:
+        if name not in present:  # a column this file does not have: null on its rows, as Spark reads it
+            table = table.append_column(name, pa.nulls(table.num_rows))
     hashes: dict[int, str] = {}
     for row_start, rows, origin, sequence, chunk in copies:
         if rows <= 0 or row_start + rows > starts[-1]:

@@ -48,6 +48,10 @@ __all__ = [
 ]
 
 _ERROR_MARK = "<<replay-scan>>"
+# Tasks of a ``read_in_tasks`` job per core: a Python task costs tens of milliseconds before its
+# first file, so one wave of tasks beats two (40 files' metadata: 0.49 s against 0.54 s with two
+# per core, 0.61 s with three; medians of six, 2 cores).
+_TASKS_PER_CORE = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +265,7 @@ def read_in_tasks(
                     raise RuntimeError(f"{_ERROR_MARK}{path}{_ERROR_MARK}{exc}") from exc
                 yield from table.to_batches()
 
-    parallelism = max(1, min(len(plan), spark.sparkContext.defaultParallelism * 2))
+    parallelism = max(1, min(len(plan), spark.sparkContext.defaultParallelism * _TASKS_PER_CORE))
     frame = spark.range(len(plan), numPartitions=parallelism)
     try:
         result = frame.mapInArrow(run, from_arrow_schema(schema)).toArrow()
@@ -328,7 +332,7 @@ class FileCache:
         if key is None or not entry.exists():
             return None
         try:
-            table = pq.read_table(entry)
+            table = pq.ParquetFile(entry).read()  # not ``read_table``: no dataset discovery, 40 % less
         except (OSError, pa.ArrowException):
             return None
         if (table.schema.metadata or {}).get(b"replay.cache_key", b"").decode() != key:

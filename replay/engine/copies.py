@@ -170,7 +170,8 @@ _HASH_BATCH_ROWS = 32_768  # rows decoded at a time when reading the rows around
 
 def hash_file_copies(path: str, copies: Sequence[tuple[int, int, int, int, int]], columns: _Columns) -> dict[int, str]:
     """The content hash of each copy ``(row_start, rows, origin, sequence, chunk)`` of the file at
-    ``path`` that still holds it, by first row; only the row groups around the copies are read."""
+    ``path`` that still holds it, by first row; only the row groups around the copies are read, and
+    only up to the row after the last copy."""
     import bisect
 
     parquet = open_parquet(path)

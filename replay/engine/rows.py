@@ -1,7 +1,8 @@
 """A pass's rows: the archive rows of the copies it reads, each with its copy's decision (``d_*``
 columns: the batch that decided it, its thresholds and reasons per key, its weight in the copy
-checksum), its event times in microseconds (``_ev<k>``) and per key whether it is late, on time or outside a
-backfill range (``_late<k>``, ``_on<k>``, ``_out<k>``; ``_tuple``: not a punctuation row).
+checksum), its event times in microseconds (``_ev<k>``) and per key whether it is late, on time
+or outside a backfill range (``_late<k>``, ``_on<k>``, ``_out<k>``; ``_tuple``: not a punctuation
+row).
 
 When the pass needs less than half of the rows of the files it touches, Spark tasks read
 exactly its copies' row ranges with the decisions attached (``replay.engine.slices``);

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -44,12 +45,13 @@ _DEFAULTS = {
     # after each row: 9 % of a pass's task time in a JVM profile (docs/performance.md). The byte
     # limit is off at this value exactly.
     "spark.sql.execution.arrow.maxBytesPerBatch": str(2**31 - 1),
+}
+if hasattr(socket, "AF_UNIX"):
     # Spark talks to its Python workers (the pass's writer, the metadata scan, content hashes) and
     # hands the driver local data over sockets: a Unix domain socket instead of TCP on loopback
     # takes about 25 ms off every Python task here (a task of a trivial ``mapInArrow`` job: 60 ms
-    # of run time over TCP; docs/performance.md).
-    "spark.python.unix.domain.socket.enabled": "true",
-}
+    # of run time over TCP; docs/performance.md). PySpark refuses it where Python has none.
+    _DEFAULTS["spark.python.unix.domain.socket.enabled"] = "true"
 
 
 def check_java() -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -213,10 +214,12 @@ def bench_run(sizes: list[tuple[int, int]], batches_wanted: int = 20, repeats: i
     Same session, same files, same aggregation (60 s tumbling windows per key: count, sum, min,
     max of value), shuffle partitions 2 and a 4 GiB driver (local mode: the JVM that runs the
     tasks) for all. Each measurement is the best of ``repeats`` rounds, after one untimed warm-up
-    round of each; wall-clock times on these shared 2-core machines vary by 20 to 30 % from run
-    to run. The archive has 40 files; the incremental shape is about ``batches_wanted``
-    micro-batches on both sides (replay: ``max_buffers`` = buffers / 20; Structured Streaming:
-    ``maxFilesPerTrigger`` 2), beside one batch each. The fixed cost per micro-batch is the slope
+    round of each, and a second table gives the medians of the rounds; wall-clock times on these
+    shared 2-core machines vary by 20 to 30 % from run to run, and on a busy day the best rounds of
+    one measurement and another's can come from different moments of the machine. The archive
+    has 40 files; the incremental shape is about ``batches_wanted`` micro-batches on both sides
+    (replay: ``max_buffers`` = buffers / 20; Structured Streaming: ``maxFilesPerTrigger`` 2),
+    beside one batch each. The fixed cost per micro-batch is the slope
     between replay's one batch and its ~20. The one batch also runs with a warm file cache (the
     checkpoint starts with the ``scan-cache/`` an earlier run of the archive left: its metadata records
     and content hashes, as a re-run or a backfill over known files finds them; outputs and progress
@@ -239,10 +242,10 @@ def bench_run(sizes: list[tuple[int, int]], batches_wanted: int = 20, repeats: i
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
         "| ---: |",
     ]
-    measured: list[tuple[Path, dict[str, float], int, int, int]] = []
+    measured: list[tuple[Path, dict[str, list[float]], int, int, int]] = []
     for tuples, buffer_tuples in sizes:
         path = archive(tuples, buffer_tuples, files=40)
-        best: dict[str, float] = {}
+        timed: dict[str, list[float]] = {}  # each measurement's timed rounds
         read = 0
         buffers = batches = 0
         for attempt in range(repeats + 1):  # round 0 warms up and is not counted
@@ -250,7 +253,7 @@ def bench_run(sizes: list[tuple[int, int]], batches_wanted: int = 20, repeats: i
                 max_buffers = None if name in ("one", "warm") else max(1, -(-buffers // batches_wanted))
                 summary, seconds = _timed_run(path, max_buffers, spark, warm_cache=name == "warm")
                 if attempt:
-                    best[name] = min(best.get(name, seconds), seconds)
+                    timed.setdefault(name, []).append(seconds)
                 read, buffers = summary.tuples_read, summary.buffers
                 if name == "many":
                     batches = summary.batches
@@ -265,24 +268,39 @@ def bench_run(sizes: list[tuple[int, int]], batches_wanted: int = 20, repeats: i
             _settle(spark)
             streams = structured_streaming(spark, path, max_files_per_trigger=2)
             if attempt:
-                best["batch"] = min(best.get("batch", batch.seconds), batch.seconds)
-                best["stream"] = min(best.get("stream", stream.seconds), stream.seconds)
-                best["streams"] = min(best.get("streams", streams.seconds), streams.seconds)
+                timed.setdefault("batch", []).append(batch.seconds)
+                timed.setdefault("stream", []).append(stream.seconds)
+                timed.setdefault("streams", []).append(streams.seconds)
             print(
                 f"  plain batch {batch.seconds:.1f} s, streaming {stream.seconds:.1f} s (1 trigger), "
                 f"{streams.seconds:.1f} s (maxFilesPerTrigger 2)",
                 flush=True,
             )
-        measured.append((path, best, read, buffers, batches))
+        measured.append((path, timed, read, buffers, batches))
     # The previous design (one Spark action per batch) last: a session that ran it ran every later
     # measurement slower, the baselines' too (docs/performance.md), so nothing else follows it.
-    for path, best, _, buffers, _ in measured:
+    for path, timed, _, buffers, _ in measured:
         for attempt in range(repeats + 1):
             summary, seconds = _timed_run(path, max(1, -(-buffers // batches_wanted)), spark, 1)
             if attempt:
-                best["single"] = min(best.get("single", seconds), seconds)
+                timed.setdefault("single", []).append(seconds)
             print(f"  replay run (single, round {attempt}): {seconds:.1f} s, {summary.batches} batches", flush=True)
-    for _, best, read, buffers, batches in measured:
+    medians = [
+        "",
+        "Medians of the timed rounds:",
+        "",
+        "| tuples | replay 1 batch s | replay 1 batch, warm file cache s | replay ~20 batches s | plain batch s "
+        "| streaming ~20 triggers s | replay / streaming (~20) | replay / batch | replay / batch (warm file cache) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for _, timed, read, buffers, batches in measured:
+        best = {name: min(values) for name, values in timed.items()}
+        mid = {name: statistics.median(values) for name, values in timed.items()}
+        medians.append(
+            f"| {read:,} | {mid['one']:.1f} | {mid['warm']:.1f} | {mid['many']:.1f} | {mid['batch']:.1f} "
+            f"| {mid['streams']:.1f} | {mid['streams'] / mid['many']:.2f} | {mid['batch'] / mid['one']:.2f} "
+            f"| {mid['batch'] / mid['warm']:.2f} |"
+        )
         fixed = (best["many"] - best["one"]) / max(batches - 1, 1)
         line = (
             f"| {read:,} | {buffers:,} | {best['one']:.1f} | {best['warm']:.1f} | {best['many']:.1f} | {batches} "
@@ -294,6 +312,9 @@ def bench_run(sizes: list[tuple[int, int]], batches_wanted: int = 20, repeats: i
         )
         print(line, flush=True)
         rows.append(line)
+    for line in medians:
+        print(line, flush=True)
+    rows += medians
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rows.append("")
     rows.append(f"Python driver peak RSS over the whole benchmark: {peak:.0f} MiB")

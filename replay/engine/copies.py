@@ -182,6 +182,7 @@ def hash_file_copies(path: str, copies: Sequence[tuple[int, int, int, int, int]]
     present = set(parquet.schema_arrow.names)
     names = columns.names()
     groups: set[int] = set()
+    ends: list[tuple[int, int]] = []  # per copy: the group of the row after it (or its last row), and that row's end
     for row_start, rows, *_ in copies:
         lo, hi = max(row_start - 1, 0), min(row_start + rows + 1, starts[-1])
         if lo >= hi:
@@ -189,6 +190,7 @@ def hash_file_copies(path: str, copies: Sequence[tuple[int, int, int, int, int]]
         first = bisect.bisect_right(starts, lo) - 1
         last = bisect.bisect_right(starts, hi - 1) - 1
         groups.update(range(first, last + 1))
+        ends.append((last, hi))
     if not groups:
         return {}
     ordered = sorted(groups)
@@ -201,12 +203,7 @@ def hash_file_copies(path: str, copies: Sequence[tuple[int, int, int, int, int]]
     # The rows of ``table`` up to the row after the last copy: the groups are decoded in batches and
     # the reading stops there (an archiver's file is often one row group; a copy in its first half
     # then costs half a file, not all of it).
-    needed = 0
-    for row_start, rows, *_ in copies:
-        hi = min(row_start + rows + 1, starts[-1])
-        if row_start >= 0 and hi > row_start:
-            last = bisect.bisect_right(starts, hi - 1) - 1
-            needed = max(needed, offset_of[last] + hi - starts[last])
+    needed = max(offset_of[last] + hi - starts[last] for last, hi in ends)
     read = [n for n in names if n in present]
     batches: list[pa.RecordBatch] = []
     for batch in parquet.iter_batches(batch_size=_HASH_BATCH_ROWS, row_groups=ordered, columns=read, use_threads=False):

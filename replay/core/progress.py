@@ -87,34 +87,36 @@ class ProgressEngine(ProgressState):
         """
         decisions: list[Decision] = []
         self._floor = list(self.global_wm)  # a batch begins: ``finish`` decides against this too
-        for buf in buffers:
-            if self.mode == Lateness.ARRIVAL:
-                if buf.ingest is None:
-                    raise BadBufferError(
-                        "arrival-mode lateness needs an ingest_ts on every buffer",
-                        where=Location(file=buf.file, origin=buf.origin, sequence=buf.sequence, chunk=buf.chunk),
-                        todo="use 'lateness: origin', or fix the archiver so every buffer has an ingest_ts",
-                        code="archive.null_metadata",
-                    )
-                if self._clock is not None and buf.ingest < self._clock:
-                    raise ValueError("arrival mode needs buffers in arrival order; sort them with arrival_order()")
-                if self._first_ingest is None:
-                    self._first_ingest = buf.ingest
-                decisions.append(self._decide(buf, self.global_wm, BEHIND_GLOBAL))
-                before = self._origins.get(buf.origin)
-                # G's inputs change only when this origin's prefix moves, its idleness may change
-                # (it was idle, is seen for the first time, or sends an idle marker), or the clock
-                # passes an idle deadline; otherwise G stays (coalescing is idempotent).
-                moved = before is None or before.last_ingest is None or buf.idle or self._idle(before)
-                prefix = before.prefix if before is not None else 0
+        if self.mode != Lateness.ARRIVAL:
+            for buf in buffers:
                 self._apply(buf, decisions)
-                self._clock = buf.ingest
-                if moved or self._origins[buf.origin].prefix != prefix or self._clock >= self._deadline:
-                    self._coalesce()
-            else:
-                self._apply(buf, decisions)
-        if self.mode == Lateness.ORIGIN:
             self._coalesce()
+            return decisions
+        origins = self._origins
+        for buf in buffers:
+            ingest = buf.ingest
+            if ingest is None:
+                raise BadBufferError(
+                    "arrival-mode lateness needs an ingest_ts on every buffer",
+                    where=Location(file=buf.file, origin=buf.origin, sequence=buf.sequence, chunk=buf.chunk),
+                    todo="use 'lateness: origin', or fix the archiver so every buffer has an ingest_ts",
+                    code="archive.null_metadata",
+                )
+            if self._clock is not None and ingest < self._clock:
+                raise ValueError("arrival mode needs buffers in arrival order; sort them with arrival_order()")
+            if self._first_ingest is None:
+                self._first_ingest = ingest
+            decisions.append(self._decide(buf, self.global_wm, BEHIND_GLOBAL))
+            before = origins.get(buf.origin)
+            # G's inputs change only when this origin's prefix moves, its idleness may change
+            # (it was idle, is seen for the first time, or sends an idle marker), or the clock
+            # passes an idle deadline; otherwise G stays (coalescing is idempotent).
+            moved = before is None or before.last_ingest is None or buf.idle or self._idle(before)
+            prefix = before.prefix if before is not None else 0
+            self._apply(buf, decisions)
+            self._clock = ingest
+            if moved or origins[buf.origin].prefix != prefix or ingest >= self._deadline:
+                self._coalesce()
         return decisions
 
     def join(self, participants: Mapping[str, Iterable[int]]) -> None:
@@ -164,40 +166,46 @@ class ProgressEngine(ProgressState):
         keeps its tuples out of windows already emitted (docs/semantics.md), which are those
         emitted by earlier batches.
         """
-        marks = list(watermarks)
-        reasons = [reason] * len(self.keys)
-        if reason == BEHIND_ORIGIN:
-            for index, g in enumerate(self._floor):
-                if g > marks[index]:
-                    marks[index], reasons[index] = g, BEHIND_GLOBAL
-        thresholds = tuple(minus(w, k.allowed_lateness) for w, k in zip(marks, self.keys, strict=True))
-        if thresholds == self._thresholds:
-            thresholds = self._thresholds  # the previous decision's (arrival mode: G_k moves seldom)
-        self._thresholds = thresholds
-        shared = tuple(reasons)  # one tuple per combination of reasons, shared by the decisions
+        if reason != BEHIND_ORIGIN and self._decided is not None and self._decided[0] == watermarks:
+            # Arrival mode decides every buffer against ``G_k``, which moves seldom: the previous
+            # decision's thresholds and reasons, unless it moved.
+            thresholds, reasons = self._decided[1], self._decided[2]
+        else:
+            marks = list(watermarks)
+            why = [reason] * len(self.keys)
+            if reason == BEHIND_ORIGIN:
+                for index, g in enumerate(self._floor):
+                    if g > marks[index]:
+                        marks[index], why[index] = g, BEHIND_GLOBAL
+            thresholds = tuple(minus(w, k.allowed_lateness) for w, k in zip(marks, self.keys, strict=True))
+            shared = tuple(why)  # one tuple per combination of reasons, shared by the decisions
+            reasons = self._reasons.setdefault(shared, shared)
+            self._decided = (list(watermarks), thresholds, reasons) if reason != BEHIND_ORIGIN else None
         return Decision(
             origin=buf.origin,
             sequence=buf.sequence,
             chunk=buf.chunk,
             thresholds=thresholds,
-            reasons=self._reasons.setdefault(shared, shared),
+            reasons=reasons,
         )
 
     def _apply(self, buf: Buffer, decisions: list[Decision]) -> None:
-        state = self._state(buf.origin)
-        seq, chunk = buf.sequence, buf.chunk
+        origin, seq, chunk = buf.identity
+        state = self._state(origin)
         if seq <= state.prefix or chunk in state.pending.get(seq, {}):
             raise BadBufferError(
                 "buffer seen twice: its sequence is already complete or the chunk already consumed",
-                where=Location(file=buf.file, origin=buf.origin, sequence=seq, chunk=chunk),
+                where=Location(file=buf.file, origin=origin, sequence=seq, chunk=chunk),
                 todo="this is a re-delivered buffer that deduplication missed; report it with the archive",
                 code="progress.buffer_seen_twice",
             )
         state.pending.setdefault(seq, {})[chunk] = buf
         if buf.last_chunk:
             state.last[seq] = chunk
-        state.max_seq = max(state.max_seq, seq)
-        state.cut = max(state.cut, (seq, chunk)) if state.cut is not None else (seq, chunk)
+        if seq > state.max_seq:
+            state.max_seq = seq
+        if state.cut is None or (seq, chunk) > state.cut:
+            state.cut = (seq, chunk)
         if self.mode == Lateness.ARRIVAL:
             state.last_ingest = buf.ingest
             state.idle_marker = buf.idle
@@ -276,34 +284,46 @@ class ProgressEngine(ProgressState):
             return self._clock - self._first_ingest >= self.idle_timeout
         return self._clock - state.last_ingest >= self.idle_timeout
 
+    def _idle_origins(self) -> set[int]:
+        """The origins ``_idle`` holds idle now (none in origin mode; without an idle timeout, those
+        whose latest buffer is an idle marker)."""
+        if self.mode != Lateness.ARRIVAL:
+            return set()
+        if self.idle_timeout is None:
+            return {o for o, s in self._origins.items() if s.idle_marker and s.last_ingest is not None}
+        return {o for o, s in self._origins.items() if self._idle(s)}
+
     def _coalesce(self) -> None:
-        idle = {o: self._idle(state) for o, state in self._origins.items()}
+        origins = self._origins
+        idle = self._idle_origins()
         if self.mode == Lateness.ARRIVAL and self.idle_timeout is not None:
             # The earliest clock at which a silent origin times out (unseen ones count from the
             # first ingest_ts; expected ones that sent nothing never do).
             starts = [
                 s.last_ingest if s.last_ingest is not None else self._first_ingest
-                for o, s in self._origins.items()
-                if not idle[o] and (s.last_ingest is not None or o not in self.expected)
+                for o, s in origins.items()
+                if o not in idle and (s.last_ingest is not None or o not in self.expected)
             ]
             known = [t for t in starts if t is not None]
             self._deadline = min(known) + self.idle_timeout if known else NEVER
-        for index, origins in enumerate(self.participants):
+        for index, participants in enumerate(self.participants):
             previous = self.global_wm[index]
-            if not origins:
+            if not participants:
                 self._counted[index], self._window[index] = (), None
                 continue
-            local = {o: self._origins[o].wm[index] for o in origins}
-            active = [o for o in origins if not idle[o]]
+            # (origin, W_k(o, prefix)) in origin order
+            local = [(o, origins[o].wm[index]) for o in sorted(participants)]
+            active = [pair for pair in local if pair[0] not in idle] if idle else local
             if not active:
-                counted = sorted(origins)
-                candidate = max(local.values())
+                counted = local
+                candidate = max(w for _, w in local)
             else:
-                counted = sorted(o for o in active if local[o] >= previous)
-                candidate = min(local[o] for o in counted) if counted else previous
+                counted = [pair for pair in active if pair[1] >= previous]
+                candidate = min(w for _, w in counted) if counted else previous
             self.global_wm[index] = max(previous, candidate)
-            self._counted[index] = tuple(counted)
-            self._window[index] = (min(local[o] for o in counted), max(local[o] for o in counted)) if counted else None
+            self._counted[index] = tuple(o for o, _ in counted)
+            values = [w for _, w in counted]
+            self._window[index] = (min(values), max(values)) if values else None
 
     # -- reading -----------------------------------------------------------------------------
 

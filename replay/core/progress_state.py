@@ -22,7 +22,7 @@ from replay.core.progress_records import KeySettings, Regression, Skipped
 from replay.core.timeutil import NEG_INF
 
 if TYPE_CHECKING:
-    from replay.core.buffer import Buffer
+    from replay.core.buffer import Buffer, PackedBuffers
 
 __all__ = ["NEVER", "OriginState", "ProgressState"]
 
@@ -82,9 +82,9 @@ class ProgressState:
         self._counted: list[tuple[int, ...]] = [() for _ in self.keys]
         self._window: list[tuple[int, int] | None] = [None for _ in self.keys]
         # Not state: values the decisions share (one tuple per combination of reasons, and the
-        # previous decision's thresholds).
+        # previous decision against ``G_k``: the watermarks it was made with, its thresholds, its reasons).
         self._reasons: dict[tuple[str, ...], tuple[str, ...]] = {}
-        self._thresholds: tuple[int, ...] = ()
+        self._decided: tuple[list[int], tuple[int, ...], tuple[str, ...]] | None = None
         self._origins: dict[int, OriginState] = {}
         self._clock: int | None = None
         self._deadline = NEVER  # arrival mode: the clock at which the next idle timeout fires
@@ -114,6 +114,26 @@ class ProgressState:
         if state is None:
             return False
         return sequence <= state.prefix or chunk in state.pending.get(sequence, {})
+
+    def seen_any(self, buffers: PackedBuffers) -> bool:
+        """Whether ``seen`` holds for any of ``buffers`` (over their packed columns: no ``Buffer``
+        object per buffer)."""
+        import numpy as np
+
+        if not len(buffers) or not self._origins:
+            return False
+        origin, sequence, chunk = (buffers.column(name) for name in ("origin", "sequence", "chunk"))
+        for state in self._origins.values():
+            mine = origin == state.id
+            if not mine.any():
+                continue
+            if (sequence[mine] <= state.prefix).any():
+                return True
+            if state.pending:
+                held = np.flatnonzero(mine & np.isin(sequence, list(state.pending)))
+                if any(int(chunk[i]) in state.pending[int(sequence[i])] for i in held.tolist()):
+                    return True
+        return False
 
     def pending_buffer(self, identity: tuple[int, int, int]) -> Buffer | None:
         """The fed buffer of ``identity`` beyond its origin's prefix, if it is one."""

@@ -42,13 +42,40 @@ def deduplicate(
     # the engine has seen can be either, so the history is read only when the scan meets one.
     seen = state.engine.seen
     if (
-        any(seen(b.identity) for b in scan.buffers)
+        state.engine.seen_any(scan.buffers)
         or any(seen((d.origin, d.sequence, d.chunk)) for d in scan.duplicates)
         or any(seen((c.origin, c.sequence, c.chunk)) for c in scan.conflicts)
     ):
         state.load_history(store)
-    new_at: list[int] = []  # positions in ``scan.buffers``
     discarded: list[_state.Discarded] = []
+    # ``None``: nothing replayed yet and no copy discarded, so every scanned buffer is new.
+    new_at = _against_history(scan, state, config, hasher, discarded) if state.known or state.known_copies else None
+    for dup in scan.duplicates:
+        if (dup.file, dup.row_start) not in state.known_copies:
+            discarded.append(discard(IntegrityKind.DUPLICATE, dup, dup.file, dup.row_start, dup.tuples, dup.kept_file))
+    for con in scan.conflicts:
+        if (con.other_file, con.other_row) not in state.known_copies:
+            discarded.append(
+                discard(IntegrityKind.CONFLICT, con, con.other_file, con.other_row, con.other_tuples, con.kept_file)
+            )
+
+    new = scan.buffers if new_at is None else scan.buffers.take(new_at)
+    if mode == Lateness.ARRIVAL:
+        clock = state.engine.clock
+        if clock is not None:
+            # Buffers that reach an incremental run with an ingest_ts before the checkpoint's
+            # clock arrive now, for the replay (docs/semantics.md).
+            new = new.ingest_at_least(clock)
+        return new.arrival_order(), discarded  # as ``replay.core.progress.arrival_order``
+    return new.sequence_order(), discarded
+
+
+def _against_history(
+    scan: BufferScan, state: State, config: JobConfig, hasher: Hasher, discarded: list[_state.Discarded]
+) -> list[int]:
+    """The positions in ``scan.buffers`` of the buffers not replayed before; a copy of a replayed
+    buffer goes to ``discarded`` as a duplicate or a conflict (a copy consumed before is skipped)."""
+    new_at: list[int] = []  # positions in ``scan.buffers``
     again = [
         (buf, state.known[buf.identity])
         for buf in scan.buffers
@@ -84,24 +111,7 @@ def deduplicate(
                 "to keep the replayed copy (the conflict is still reported)",
             )
         discarded.append(discard(kind, buf, buf.file, buf.row_start, buf.tuples, known.file))
-    for dup in scan.duplicates:
-        if (dup.file, dup.row_start) not in state.known_copies:
-            discarded.append(discard(IntegrityKind.DUPLICATE, dup, dup.file, dup.row_start, dup.tuples, dup.kept_file))
-    for con in scan.conflicts:
-        if (con.other_file, con.other_row) not in state.known_copies:
-            discarded.append(
-                discard(IntegrityKind.CONFLICT, con, con.other_file, con.other_row, con.other_tuples, con.kept_file)
-            )
-
-    new = scan.buffers.take(new_at)
-    if mode == Lateness.ARRIVAL:
-        clock = state.engine.clock
-        if clock is not None:
-            # Buffers that reach an incremental run with an ingest_ts before the checkpoint's
-            # clock arrive now, for the replay (docs/semantics.md).
-            new = new.ingest_at_least(clock)
-        return new.arrival_order(), discarded  # as ``replay.core.progress.arrival_order``
-    return new.sequence_order(), discarded
+    return new_at
 
 
 def other_copies(discarded: Sequence[_state.Discarded]) -> dict[tuple[int, int, int], frozenset[str]]:

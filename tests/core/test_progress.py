@@ -345,3 +345,19 @@ def test_a_snapshot_restored_into_a_new_engine_continues_exactly(
     assert decisions == expected
     assert second.snapshot() == straight.snapshot()
     assert all(second.seen(b.identity) for b in buffers)
+
+
+@given(archives(), st.sampled_from(["origin", "arrival"]), st.data())
+def test_seen_any_agrees_with_seen_buffer_by_buffer(buffers: list[Buffer], mode: str, data: st.DataObject) -> None:
+    """``seen_any`` over packed buffers (deduplication asks it of a whole scan) answers what asking
+    ``seen`` of each buffer does, whichever part of the archive was fed and whichever is asked about."""
+    from replay.core.buffer import PackedBuffers
+
+    origins = tuple(sorted({b.origin for b in buffers}))
+    ordered = arrival_order(buffers) if mode == "arrival" else buffers
+    eng = engine(mode, origins=origins)
+    eng.feed(ordered[: data.draw(st.integers(0, len(ordered)))])
+    asked = data.draw(st.lists(st.sampled_from(buffers), max_size=6)) if buffers else []
+    asked += [buf(7, 3)]  # an origin the engine has not met
+    assert eng.seen_any(PackedBuffers.of(asked)) == any(eng.seen(b.identity) for b in asked)
+    assert not eng.seen_any(PackedBuffers.of([], 1))

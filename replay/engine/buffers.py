@@ -13,7 +13,6 @@ hashes) and conflicts handled per ``on_conflict``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +23,7 @@ from replay.core.buffer import NULL_TIME, Buffer, Conflict, DuplicateCopy, Packe
 from replay.core.errors import ConflictingDuplicateError, EmptyArchiveError, Location
 from replay.engine.archive import ArchiveLayout
 from replay.engine.copies import cached_content_hashes
-from replay.engine.copy_checks import check_copy, check_sequences
+from replay.engine.copy_checks import check_copies, check_sequences
 from replay.engine.scan import FileCache, scan_columns, scan_records
 
 if TYPE_CHECKING:
@@ -33,8 +32,6 @@ if TYPE_CHECKING:
     from replay.core.config import JobConfig
 
 __all__ = ["Buffer", "BufferScan", "Conflict", "DuplicateCopy", "release_arrow_memory", "scan_buffers"]
-
-_CHUNK = 512  # records turned into Python objects at a time
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,12 +109,6 @@ def _by_identity(records: pa.Table, layout: ArchiveLayout) -> pa.Table:
     return ordered.append_column("_repeated", pa.array(repeated))
 
 
-def _python_records(table: pa.Table) -> Iterator[dict[str, Any]]:
-    """``table``'s rows as dicts, made ``_CHUNK`` at a time (none of them kept once exhausted)."""
-    for chunk in table.to_batches(max_chunksize=_CHUNK):
-        yield from chunk.to_pylist()
-
-
 def release_arrow_memory() -> None:
     """Give the memory Arrow freed back to the system: its allocator keeps freed pages for reuse,
     and the driver's Python objects cannot use them."""
@@ -155,10 +146,7 @@ def scan_buffers(
             where=Location(file=layout.root),
             todo="point 'archive' at the directory the archiver writes to, or wait until it has written data",
         )
-    # The records stay columnar; Python sees them a chunk at a time (the driver's memory is one
-    # ``Buffer`` per kept copy, not one dict per field of every record).
-    for rec in _python_records(records):
-        check_copy(rec, layout, config.chunk_base)
+    check_copies(records, layout, config.chunk_base)  # on the columns: no dict per record
     rows_read = int(pc.sum(records["rows"]).as_py() or 0)
     tuples_read = int(pc.sum(records["tuples"]).as_py() or 0)
     ordered = _by_identity(records, layout)

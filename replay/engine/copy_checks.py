@@ -6,13 +6,61 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from replay.core.buffer import Buffer, PackedBuffers
 from replay.core.errors import BadBufferError, Location
 from replay.engine.archive import ArchiveLayout
 
-__all__ = ["check_copy", "check_sequences"]
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["check_copies", "check_copy", "check_sequences"]
+
+
+def check_copies(records: pa.Table, layout: ArchiveLayout, chunk_base: int) -> None:
+    """``check_copy`` of every copy's record of the metadata scan, in their order: the rules are
+    first tested on the table's columns, and only the records that may break one (none, in an
+    archive that keeps them) become Python dicts, checked one by one.
+
+    Raises:
+        BadBufferError: as ``check_copy``, for the first record that breaks a rule.
+    """
+    import pyarrow.compute as pc
+
+    if not records.num_rows:
+        return
+    ids = [records[name] for name in ("origin", "sequence", "chunk")]
+    tests = [pc.is_null(c) for c in ids]
+    tests += [pc.less(ids[0], 1), pc.less(ids[1], 1), pc.less(ids[2], chunk_base)]
+    rows = records["rows"]
+    for name, _, required in _metadata(layout):
+        count, low, high = records[f"{name}_n"], records[f"{name}_min"], records[f"{name}_max"]
+        if required:
+            tests.append(pc.less(count, rows))
+        tests.append(pc.and_(pc.greater(count, 0), pc.less(count, rows)))
+        tests.append(pc.not_equal(low, high))  # null where both are: no values, the counts' case
+    # A null test is a null identity (its own test) or a buffer without values of a column.
+    suspect = pc.fill_null(tests[0], False)
+    for test in tests[1:]:
+        suspect = pc.or_(suspect, pc.fill_null(test, False))
+    if not pc.any(suspect).as_py():
+        return
+    for rec in records.filter(suspect).to_pylist():
+        check_copy(rec, layout, chunk_base)
+
+
+def _metadata(layout: ArchiveLayout) -> list[tuple[str, str, bool]]:
+    """The metadata every row of a buffer repeats: (record field, column, required)."""
+    metadata = [("last_chunk", layout.last_chunk, True)]
+    if layout.ingest_ts is not None:
+        metadata.append(("ingest", layout.ingest_ts, True))
+    if layout.idle is not None:
+        metadata.append(("idle", layout.idle, False))
+    for index, key in enumerate(layout.keys):
+        if key.watermark is not None:
+            metadata.append((f"wm{index}", key.watermark, False))
+    return metadata
 
 
 def check_copy(rec: dict[str, Any], layout: ArchiveLayout, chunk_base: int) -> None:
@@ -58,15 +106,7 @@ def check_copy(rec: dict[str, Any], layout: ArchiveLayout, chunk_base: int) -> N
             todo="set 'chunk_base: 0' if this archive counts chunks from 0, else fix the archiver",
             code="archive.bad_chunk",
         )
-    metadata = [("last_chunk", layout.last_chunk, True)]
-    if layout.ingest_ts is not None:
-        metadata.append(("ingest", layout.ingest_ts, True))
-    if layout.idle is not None:
-        metadata.append(("idle", layout.idle, False))
-    for index, key in enumerate(layout.keys):
-        if key.watermark is not None:
-            metadata.append((f"wm{index}", key.watermark, False))
-    for name, column, required in metadata:
+    for name, column, required in _metadata(layout):
         count, low, high = rec[f"{name}_n"], rec[f"{name}_min"], rec[f"{name}_max"]
         if required and count < rec["rows"]:
             raise BadBufferError(

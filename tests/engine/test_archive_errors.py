@@ -170,6 +170,15 @@ def test_configuration_against_archive(tmp_path: Path) -> None:
         ([row(ingest=None)], {}, "archive.null_metadata", {"column": "ingest_ts"}),
         ([row(last=None)], {}, "archive.null_metadata", {"column": "last_chunk"}),  # type: ignore[arg-type]
         ([row(seq=None)], {}, "archive.null_identity", {"column": "sequence_number"}),  # type: ignore[arg-type]
+        # The rules are tested on the scan's columns first: a bad buffer after many good ones is
+        # still the one named, and a watermark null on every row of a buffer is no disagreement.
+        (
+            [row(seq=s, wm=10 * s) for s in range(1, 30)] + [row(seq=30, wm=1), row(seq=30, wm=2)],
+            {},
+            "archive.metadata_disagrees",
+            {"sequence": 30, "column": "watermark_ts"},
+        ),
+        ([row(wm=None), row(wm=None)], {}, None, {}),
     ],
 )
 def test_bad_buffers(
@@ -182,7 +191,9 @@ def test_bad_buffers(
 ) -> None:
     path = write(tmp_path / "a.parquet", rows)
     if code is None:
-        assert len(scan(spark, tmp_path, **settings).buffers) == 1
+        assert len(scan(spark, tmp_path, **settings).buffers) == len(
+            {(r["origin_id"], r["sequence_number"]) for r in rows}
+        )
         return
     with pytest.raises(BadBufferError) as err:
         scan(spark, tmp_path, **settings)

@@ -100,7 +100,8 @@ class Reads(Sequence[Read]):
         self.batches, self.copy_ids = batches, copy_ids
 
     @classmethod
-    def of(cls, reads: Iterable[Read], nkeys: int) -> Reads:
+    def of(cls, reads: Iterable[Read], nkeys: int, copy_ids: Sequence[int] | None = None) -> Reads:
+        """``reads`` as arrays; ``copy_ids``: their ``buffer_copy_id``, where the caller has them."""
         import numpy as np
 
         items = list(reads)
@@ -114,7 +115,9 @@ class Reads(Sequence[Read]):
             thresholds,
             reasons,
             np.fromiter((r.batch for r in items), dtype=np.int64, count=n),
-            np.fromiter((buffer_copy_id(r.buf) for r in items), dtype=np.int64, count=n),
+            np.fromiter(
+                (buffer_copy_id(r.buf) for r in items) if copy_ids is None else copy_ids, dtype=np.int64, count=n
+            ),
         )
 
     @classmethod
@@ -230,6 +233,22 @@ class PassWork:
         if not others:
             return 0
         return 2 if buf.file in others else 1
+
+    def check_levels(self) -> npt.NDArray[np.int32]:
+        """``check_level`` of every copy of ``reads``, in order (on the reads' columns: a ``Buffer``
+        object only for a copy whose identity has other copies)."""
+        import numpy as np
+
+        buffers = self.reads.buffers
+        levels = np.zeros(len(buffers), dtype=np.int32)
+        if not self.checked:
+            return levels
+        columns = (buffers.column(name).tolist() for name in ("origin", "sequence", "chunk"))
+        checked = self.checked
+        for at, identity in enumerate(zip(*columns, strict=True)):
+            if identity in checked:
+                levels[at] = self.check_level(buffers[at])
+        return levels
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

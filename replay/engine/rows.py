@@ -23,6 +23,8 @@ from replay.engine.passes import PassWork, Reads
 from replay.engine.slices import Slice, file_rows, read_slices
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
@@ -72,12 +74,13 @@ def _decision_frame(
     nkeys: int,
     bits: tuple[int, int, int] | None,
     level: int,
+    levels: npt.NDArray[np.int32],
 ) -> DataFrame:
     """One row per copy read, built as an Arrow table from the reads' arrays (no Python object per
     copy, except a file name where the join needs it), with the columns
     the join uses only: with ``bits`` (``_packing``), its packed identity, else its identity's
     three columns; the copy's file from check ``level`` 1, its row range at level 2 (see
-    ``PassWork.check_level``)."""
+    ``PassWork.check_level``; ``levels``: each copy's)."""
     import numpy as np
     import pyarrow as pa
 
@@ -99,7 +102,7 @@ def _decision_frame(
         columns["d_hi"] = pa.array(row_start + reads.column("rows") - 1)
     columns["d_weight"] = pa.array(reads.weights(work.checksum_bits))
     if level >= 1:
-        columns["d_check"] = pa.array(np.array([work.check_level(buf) for buf in reads.buffers], dtype=np.int32))
+        columns["d_check"] = pa.array(levels)
     columns["d_batch"] = pa.array(reads.batches)
     if bits is not None:
         columns["d_id"] = pa.array(_pack(origin, sequence, chunk, bits))
@@ -163,8 +166,9 @@ def _joined(
     bits = _packing(reads)
     # A buffer with discarded copies elsewhere is matched by file too; when a copy shares its
     # file, by row range as well. Row positions are read only then.
-    level = max((work.check_level(buf) for buf in reads.buffers), default=0) if work.checked else 0
-    decisions = _decision_frame(spark, reads, work, spark_paths, nkeys, bits, level)
+    levels = work.check_levels()
+    level = int(levels.max(initial=0))
+    decisions = _decision_frame(spark, reads, work, spark_paths, nkeys, bits, level, levels)
     located: list[Column] = []
     if bits is not None:
         identity = _packed(q(layout.origin_id), q(layout.sequence_number), q(layout.chunk_number), bits)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from replay.core.buffer import Buffer
+from replay.core.buffer import Buffer, PackedBuffers
 from replay.core.config import JobConfig
 from replay.core.progress import Decision, ProgressSnapshot
 from replay.engine.aggregate import run_pass
@@ -98,7 +98,7 @@ class Batch:
     """One cut of the run: its buffers (in feed order), the origins that join the engine with it,
     the copies it discards, and whether it ends the run (the engine then decides what it holds)."""
 
-    buffers: Sequence[Buffer]
+    buffers: PackedBuffers
     join: Mapping[str, set[int]]
     discarded: Sequence[_state.Discarded]
     finish: bool
@@ -117,6 +117,7 @@ class _Planned:
     engine: dict[str, Any]  # the engine's state after the batch, and the buffers it holds
     held: list[Buffer]
     pending: dict[tuple[int, int, int], Buffer]  # undecided after the batch
+    input_xor: int  # the XOR of the ``buffer_copy_id`` of the batch's input buffers (the ledger's read side)
 
     @property
     def prefix(self) -> str:
@@ -174,8 +175,13 @@ def _plan(ctx: RunContext, state: State, batch_in: Batch, batch: int) -> tuple[_
     engine.join({k: sorted(v) for k, v in batch_in.join.items()})
     before = tuple(k.effective_watermark for k in engine.snapshot().keys)
     buffers = list(batch_in.buffers)  # objects for this batch only (a run keeps them packed)
+    input_ids: dict[tuple[int, int, int], int] = {}  # each input copy's id, computed once
+    input_xor = 0
     for buf in buffers:
-        state.pending[buf.identity] = buf
+        identity = buf.identity
+        state.pending[identity] = buf
+        input_ids[identity] = cid = buffer_copy_id(buf)
+        input_xor ^= cid
     decisions: list[Decision] = engine.feed(buffers)
     del buffers
     if batch_in.finish:
@@ -183,11 +189,15 @@ def _plan(ctx: RunContext, state: State, batch_in: Batch, batch: int) -> tuple[_
     snapshot = engine.snapshot()
     start, end = ctx.range
     reads: list[Read] = []
+    read_ids: list[int] = []
     skipped: list[Buffer] = []
     for d in decisions:
-        buf = state.pending.pop((d.origin, d.sequence, d.chunk))
+        identity = (d.origin, d.sequence, d.chunk)
+        buf = state.pending.pop(identity)
         if relevant(buf, start, end):
             reads.append(Read(buf=buf, thresholds=d.thresholds, reasons=d.reasons, batch=batch))
+            # a copy fed by an earlier batch and decided now: its id is not among this input's
+            read_ids.append(input_ids[identity] if identity in input_ids else buffer_copy_id(buf))
         else:
             skipped.append(buf)
     values, held = engine.export_state()
@@ -196,11 +206,12 @@ def _plan(ctx: RunContext, state: State, batch_in: Batch, batch: int) -> tuple[_
         token=uuid.uuid4().hex[:8],
         input=batch_in,
         snapshot=snapshot,
-        reads=Reads.of(reads, len(ctx.layout.keys)),
+        reads=Reads.of(reads, len(ctx.layout.keys), read_ids),
         skipped=skipped,
         engine=values,
         held=held,
         pending=dict(state.pending),
+        input_xor=input_xor,
     )
     return step, tuple(k.effective_watermark for k in snapshot.keys) != before
 
@@ -208,9 +219,8 @@ def _plan(ctx: RunContext, state: State, batch_in: Batch, batch: int) -> tuple[_
 def _count_reads(ledger: Ledger, step: _Planned) -> None:
     """Every copy read enters the ledger: the kept ones, and the discarded ones as discarded; a
     copy a backfill range did not need counts as processed, outside the range."""
-    for buf in step.input.buffers:
-        ledger.tuples_read += buf.tuples
-        ledger.read_xor ^= buffer_copy_id(buf)
+    ledger.tuples_read += int(step.input.buffers.column("tuples").sum())
+    ledger.read_xor ^= step.input_xor
     for copy in step.input.discarded:
         cid = copy_id(copy.origin, copy.sequence, copy.chunk, copy.file, copy.row_start)
         ledger.tuples_read += copy.tuples

@@ -87,3 +87,19 @@ def test_the_copy_checksum_fits_a_long_and_follows_each_copy(reads: list[Read], 
         sum(r.buf.rows * w for r, w in mine),
     )
     assert packed.checksums(batch, bits=bits) == expected
+
+
+@given(_reads(), st.data())
+def test_check_levels_on_the_columns_agree_with_check_level(reads: list[Read], data: st.DataObject) -> None:
+    """Which copies the pass matches by identity only, by file too, or by row range too, read off the
+    reads' columns, is ``check_level`` of each copy."""
+    from replay.engine.passes import PassWork
+
+    identities = [r.buf.identity for r in reads] + [(9, 9, 9)]
+    checked = {
+        identity: frozenset(data.draw(st.sets(st.sampled_from(["a.parquet", "b.parquet", "c.parquet"]), min_size=1)))
+        for identity in data.draw(st.lists(st.sampled_from(identities), max_size=4))
+    }
+    packed = Reads.of(reads, nkeys=2)
+    work = PassWork(reads=packed, steps=[], floor=(), open_state={}, state_dirs={}, counts_dir="", checked=checked)
+    assert work.check_levels().tolist() == [work.check_level(r.buf) for r in reads]

@@ -27,14 +27,12 @@ if TYPE_CHECKING:
 __all__ = ["check_java", "driver_arrow_memory", "driver_java_options", "get_session", "job_progress"]
 
 _MIN_SPLITS = "spark.sql.files.minPartitionNum"
+_SHUFFLE = "spark.sql.shuffle.partitions"
 
 _DEFAULTS = {
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
-    # Replay's shuffles are over buffer metadata or per-batch partial aggregates,
-    # both small: a few partitions per core beat Spark's default of 200.
-    "spark.sql.shuffle.partitions": "8",
     "spark.sql.adaptive.enabled": "true",
     # PySpark's DataFrame debugging records the Python call site of every DataFrame and Column
     # call in the JVM: four more py4j round trips per call, 40 % of a micro-batch's plan
@@ -127,6 +125,10 @@ def get_session(settings: SparkSettings | None = None, *, app_name: str = "repla
         # files on two cores became three tasks, the third running alone while a core idled. Two
         # splits per core even that out (a pass of 10M tuples: 0.2 s less; docs/performance.md).
         session.conf.set(_MIN_SPLITS, str(2 * session.sparkContext.defaultParallelism))
+    if _SHUFFLE not in conf:
+        # A pass shuffles its window partials once, without adaptive execution (``replay.engine.
+        # aggregate``), into this many partitions: one per core (Spark's default is 200).
+        session.conf.set(_SHUFFLE, str(session.sparkContext.defaultParallelism))
     return session
 
 

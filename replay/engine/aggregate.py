@@ -254,9 +254,7 @@ def run_pass(
         counts_of = [f"_c_{name}" for name, _ in terms] if rest else []
         if late_here and previous is not None:
             late_type = pieces[-1].schema["_late"].dataType
-            pieces[0] = (
-                pieces[0].withColumn("_late", F.lit(None).cast(late_type)).withColumn("_late_n", F.lit(0).cast("long"))
-            )
+            pieces[0] = pieces[0].withColumns({"_late": F.lit(None).cast(late_type), "_late_n": F.lit(0).cast("long")})
         if rest and previous is not None:
             pieces[0] = pieces[0].select(
                 "*", F.lit(None).cast("long").alias("_rb"), *[F.lit(0).cast("long").alias(c) for c in counts_of]
@@ -285,11 +283,15 @@ def run_pass(
             merged = merged.where(after_floor)
         # Computed once per row: a pass of many batches makes it a long ``CASE``, and every shared
         # value column tests it.
-        merged = merged.withColumn(
-            "_due", due_part(end, steps, i, {step.batch: ids[f"windows:{s}:{step.batch}"] for step in steps})
-        )
+        added = {"_due": due_part(end, steps, i, {step.batch: ids[f"windows:{s}:{step.batch}"] for step in steps})}
+        if late_here:
+            # A late tuple's group is one row: repeated as many times as the tuple occurs.
+            late_n = F.when(F.col("_late").isNull(), 1).otherwise(F.col("_late_n")).cast("int")
+            added["_l"] = F.explode(F.array_repeat(F.col("_late"), late_n))
+        merged = merged.withColumns(added)
         due = F.col("_due")
-        state_names = [c for c in merged.columns if c not in ("_fb", "_late", "_late_n", "_rb", "_due", *counts_of)]
+        hidden = ("_fb", "_late", "_late_n", "_rb", "_due", "_l", *counts_of)
+        state_names = [c for c in merged.columns if c not in hidden]
         part = F.coalesce(due, F.lit(ids[f"open:{s}"]))
         window_row, constants = window_values(spec, cols, columns)
         kinds: list[tuple[Column | None, Sequence[tuple[str, Column]]]] = [
@@ -297,15 +299,6 @@ def run_pass(
             (due.isNull(), [(c, F.col(c)) for c in state_names]),
         ]
         if late_here:
-            # A late tuple's group is one row: repeated as many times as the tuple occurs.
-            merged = merged.withColumn(
-                "_l",
-                F.explode(
-                    F.array_repeat(
-                        F.col("_late"), F.when(F.col("_late").isNull(), 1).otherwise(F.col("_late_n")).cast("int")
-                    )
-                ),
-            )
             is_late = F.col("_l").isNotNull()
             part = F.when(is_late, batch_part(F.col("_l._batch"), late_part)).otherwise(part)
             kinds.insert(0, (is_late, [(n, F.col(f"_l.{n}")) for n in late_names]))

@@ -80,8 +80,14 @@ class Shared:
 
         options: dict[str, list[tuple[Column | None, Column]]] = {}
         placed: list[tuple[tuple[str, str], ...]] = []
+        # Every kind's value types from one analysed projection (a projection is an analysis of the
+        # whole plan: one per kind cost a few milliseconds each).
+        flat = [value for _, values in kinds for _, value in values]
+        fields = frame.select(*[v.alias(f"_t{n}") for n, v in enumerate(flat)]).schema.fields if flat else []
+        at = 0
         for condition, values in kinds:
-            types = [f.dataType for f in frame.select(*[v for _, v in values]).schema.fields] if values else []
+            types = [f.dataType for f in fields[at : at + len(values)]]
+            at += len(values)
             names = self.columns(types)
             placed.append(tuple((column, name) for column, (name, _) in zip(names, values, strict=True)))
             for column, (_, value) in zip(names, values, strict=True):

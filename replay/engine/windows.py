@@ -187,12 +187,10 @@ def partials(
     t = F.col(_q(cols.event_micros))
     member = F.lit(True) if on_time is None else on_time
     if shape.per_tuple == 1:
-        assigned = rows.withColumn("_start", shape.last_start(t, COLUMN_OPS)).withColumn("_first", F.lit(True))
+        assigned = rows.withColumns({"_start": shape.last_start(t, COLUMN_OPS), "_first": F.lit(True)})
     else:
-        assigned = (
-            rows.withColumn("_j", F.explode(F.sequence(F.lit(0), F.lit(shape.per_tuple - 1))))
-            .withColumn("_start", shape.start(t, F.col("_j"), COLUMN_OPS))
-            .withColumn("_first", F.col("_j") == 0)
+        assigned = rows.withColumn("_j", F.explode(F.sequence(F.lit(0), F.lit(shape.per_tuple - 1)))).withColumns(
+            {"_start": shape.start(t, F.col("_j"), COLUMN_OPS), "_first": F.col("_j") == 0}
         )
         member = member & shape.holds(F.col("_start"), t, COLUMN_OPS)
     if cols.range_start is not None:

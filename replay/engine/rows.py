@@ -73,17 +73,17 @@ def _decision_frame(
     spark_paths: Mapping[str, str],
     nkeys: int,
     bits: tuple[int, int, int] | None,
-    level: int,
     levels: npt.NDArray[np.int32],
 ) -> DataFrame:
     """One row per copy read, built as an Arrow table from the reads' arrays (no Python object per
     copy, except a file name where the join needs it), with the columns
     the join uses only: with ``bits`` (``_packing``), its packed identity, else its identity's
-    three columns; the copy's file from check ``level`` 1, its row range at level 2 (see
-    ``PassWork.check_level``; ``levels``: each copy's)."""
+    three columns; the copy's file where any copy's check level (``levels``, see
+    ``PassWork.check_level``) is 1 or more, its row range where one is 2."""
     import numpy as np
     import pyarrow as pa
 
+    level = int(levels.max(initial=0))
     origin, sequence, chunk = (reads.column(name) for name in ("origin", "sequence", "chunk"))
     columns: dict[str, pa.Array] = {}
     if level >= 1:
@@ -168,7 +168,7 @@ def _joined(
     # file, by row range as well. Row positions are read only then.
     levels = work.check_levels()
     level = int(levels.max(initial=0))
-    decisions = _decision_frame(spark, reads, work, spark_paths, nkeys, bits, level, levels)
+    decisions = _decision_frame(spark, reads, work, spark_paths, nkeys, bits, levels)
     located: list[Column] = []
     if bits is not None:
         identity = _packed(q(layout.origin_id), q(layout.sequence_number), q(layout.chunk_number), bits)

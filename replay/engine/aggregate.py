@@ -49,9 +49,10 @@ from replay.engine.archive import ArchiveLayout
 from replay.engine.archive_rows import time_value
 from replay.engine.passes import PassWork, SpecCounts, WorkResult
 from replay.engine.routing import Shared, batch_part, due_part
-from replay.engine.rows import pass_rows, q
+from replay.engine.rows import late_reason, pass_rows, q
 from replay.engine.schemas import table_structs
 from replay.engine.sink import RESULT_SCHEMA, Part, Written, keep_only, sink
+from replay.engine.spark import follow_cores
 from replay.engine.windows import (
     WindowColumns,
     aggregated_types,
@@ -145,7 +146,7 @@ def run_pass(
                     for name in layout.payload
                 ],
                 F.timestamp_micros(F.col(f"d_thr{i}")),
-                F.col(f"d_reason{i}"),
+                late_reason(reads, i),
             ]
             late_rows.append(
                 F.when(
@@ -390,8 +391,10 @@ def _static_plan(spark: SparkSession) -> Iterator[None]:
     re-planned the whole query after each of its stages (the broadcast, the aggregation's map side)
     and had nothing to change: 0.1 to 0.15 s of a 10M-tuple pass (docs/performance.md). Without it
     the shuffle has ``spark.sql.shuffle.partitions`` partitions exactly (one per core by default,
-    ``replay.engine.spark``), and the observed counts of a stage that produced no rows stay (adaptive
-    execution replaced such a stage by an empty relation, its metrics with it)."""
+    counted now: ``replay.engine.spark.follow_cores``), and the observed counts of a stage that
+    produced no rows stay (adaptive execution replaced such a stage by an empty relation, its
+    metrics with it)."""
+    follow_cores(spark)  # one shuffle partition per core the cluster has now
     before = spark.conf.get(_ADAPTIVE, None)
     spark.conf.set(_ADAPTIVE, "false")
     try:

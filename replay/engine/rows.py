@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["pass_rows", "q"]
+__all__ = ["late_reason", "pass_rows", "q", "reason_codes"]
 
 
 def _packing(reads: Reads) -> tuple[int, int, int] | None:
@@ -55,15 +55,19 @@ def _pack(origin: Any, sequence: Any, chunk: Any, bits: tuple[int, int, int]) ->
 
 
 def _packed(origin: Column, sequence: Column, chunk: Column, bits: tuple[int, int, int]) -> Column:
-    """``_pack`` as a Spark expression over a row's identity columns; null for a row whose
-    identity lies outside the bit widths (it matches no copy of the pass, whose identities all
-    fit)."""
+    """``_pack`` as a Spark expression over a row's identity columns; -1 for a row whose identity
+    lies outside the bit widths or is null (it matches no copy of the pass, whose identities all
+    fit and pack to non-negative longs). Not null: Spark would otherwise filter the rows on the key
+    not being null, computing it twice per row."""
     from pyspark.sql import functions as F
 
     o_bits, s_bits, c_bits = bits
     o, s, c = origin.cast("long"), sequence.cast("long"), chunk.cast("long")
-    fits = o.between(0, (1 << o_bits) - 1) & s.between(0, (1 << s_bits) - 1) & c.between(0, (1 << c_bits) - 1)
-    return F.when(fits, F.shiftleft(o, s_bits + c_bits).bitwiseOR(F.shiftleft(s, c_bits)).bitwiseOR(c))
+    # Each component is in [0, 2**width) exactly when shifting it right by its width leaves 0 (a
+    # negative one leaves -1).
+    outside = F.shiftright(o, o_bits).bitwiseOR(F.shiftright(s, s_bits)).bitwiseOR(F.shiftright(c, c_bits))
+    packed = F.shiftleft(o, s_bits + c_bits).bitwiseOR(F.shiftleft(s, c_bits)).bitwiseOR(c)
+    return F.coalesce(F.when(outside == 0, packed), F.lit(-1).cast("long"))  # not nullable, to Spark too
 
 
 def _decision_frame(
@@ -78,8 +82,9 @@ def _decision_frame(
     """One row per copy read, built as an Arrow table from the reads' arrays (no Python object per
     copy, except a file name where the join needs it), with the columns
     the join uses only: with ``bits`` (``_packing``), its packed identity, else its identity's
-    three columns; the copy's file where any copy's check level (``levels``, see
-    ``PassWork.check_level``) is 1 or more, its row range where one is 2."""
+    three columns; where any copy's check level (``levels``, see ``PassWork.check_level``) is 1
+    or more, the file of each copy checked by file (null for the others), and its row range where
+    one is 2."""
     import numpy as np
     import pyarrow as pa
 
@@ -87,11 +92,15 @@ def _decision_frame(
     origin, sequence, chunk = (reads.column(name) for name in ("origin", "sequence", "chunk"))
     columns: dict[str, pa.Array] = {}
     if level >= 1:
+        # Only a copy checked by file needs its file: the others' is null. The decision table is
+        # shipped inside the tasks that broadcast it, and a path on each of 13k copies made those
+        # tasks 1.2 MB.
         files = reads.buffers.files
         shown = [spark_paths.get(f, f) for f in files]
-        columns["d_file"] = pa.DictionaryArray.from_arrays(reads.buffers.file_of, pa.array(shown, pa.string())).cast(
-            pa.string()
-        )
+        file_of = np.where(levels >= 1, reads.buffers.file_of, -1)
+        columns["d_file"] = pa.DictionaryArray.from_arrays(
+            pa.array(file_of, mask=file_of < 0), pa.array(shown, pa.string())
+        ).cast(pa.string())
     if bits is None:
         columns["d_origin"] = pa.array(origin)
         columns["d_sequence"] = pa.array(sequence)
@@ -108,11 +117,32 @@ def _decision_frame(
         columns["d_id"] = pa.array(_pack(origin, sequence, chunk, bits))
     for i in range(nkeys):
         columns[f"d_thr{i}"] = pa.array(np.ascontiguousarray(reads.thresholds[:, i]))
-        columns[f"d_reason{i}"] = pa.array(reads.reasons[:, i].tolist(), pa.string())
+        columns[f"d_reason{i}"] = pa.array(reason_codes(reads, i)[1])
     frame = spark.createDataFrame(pa.table(columns))
     del columns
     release_arrow_memory()  # Spark holds the table now: what the driver built is given back
     return frame
+
+
+def reason_codes(reads: Reads, i: int) -> tuple[list[str], npt.NDArray[np.int32]]:
+    """Key ``i``'s late reasons of the reads as small integers (the ``d_reason<i>`` column) and
+    the words they stand for, by code. The decision table is shipped inside the tasks that
+    broadcast it: an int per copy instead of a word, and only a late tuple needs the word
+    (``late_reason``; a literal when the pass has one reason)."""
+    import numpy as np
+
+    names, codes = np.unique(reads.reasons[:, i].astype(str), return_inverse=True)
+    return [str(n) for n in names.tolist()], codes.astype(np.int32)
+
+
+def late_reason(reads: Reads, i: int) -> Column:
+    """The late reason of a row of the pass for key ``i``: its ``d_reason<i>`` code as the word."""
+    from pyspark.sql import functions as F
+
+    names, _ = reason_codes(reads, i)
+    if len(names) <= 1:
+        return F.lit(names[0] if names else None).cast("string")
+    return F.element_at(F.array(*[F.lit(n) for n in names]), F.col(f"d_reason{i}") + 1)
 
 
 def _few_rows(reads: Reads) -> bool:
@@ -133,16 +163,17 @@ def _few_rows(reads: Reads) -> bool:
 
 def _sliced(spark: SparkSession, reads: Reads, schema: StructType, nkeys: int, bits: int) -> DataFrame:
     """The rows of ``reads`` read by their row ranges (``replay.engine.slices``), decision columns attached."""
-    from pyspark.sql.types import LongType, StringType, StructField, StructType
+    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
     fields = [StructField("d_weight", LongType()), StructField("d_batch", LongType())]
     for i in range(nkeys):
-        fields += [StructField(f"d_thr{i}", LongType()), StructField(f"d_reason{i}", StringType())]
+        fields += [StructField(f"d_thr{i}", LongType()), StructField(f"d_reason{i}", IntegerType())]
+    codes = [reason_codes(reads, i)[1].tolist() for i in range(nkeys)]
     slices: list[Slice] = []
-    for r, weight in zip(reads, reads.weights(bits).tolist(), strict=True):
+    for n, (r, weight) in enumerate(zip(reads, reads.weights(bits).tolist(), strict=True)):
         values: list[Any] = [weight, r.batch]
         for i in range(nkeys):
-            values += [r.thresholds[i], r.reasons[i]]
+            values += [r.thresholds[i], codes[i][n]]
         slices.append((r.buf.file, r.buf.row_start, r.buf.rows, tuple(values)))
     return read_slices(spark, slices, schema, StructType(fields))
 

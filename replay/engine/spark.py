@@ -24,10 +24,11 @@ if TYPE_CHECKING:
 
     from replay.core.config import SparkSettings
 
-__all__ = ["check_java", "driver_arrow_memory", "driver_java_options", "get_session", "job_progress"]
+__all__ = ["check_java", "driver_arrow_memory", "driver_java_options", "follow_cores", "get_session", "job_progress"]
 
 _MIN_SPLITS = "spark.sql.files.minPartitionNum"
 _SHUFFLE = "spark.sql.shuffle.partitions"
+_CHOSEN = "spark.replay.chosen."  # + a key: the value ``get_session`` chose for it (``follow_cores``)
 
 _DEFAULTS = {
     "spark.sql.session.timeZone": "UTC",
@@ -120,16 +121,38 @@ def get_session(settings: SparkSettings | None = None, *, app_name: str = "repla
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
-    if _MIN_SPLITS not in conf:
-        # Spark packs a scan's files into splits of about the input's size over the cores: 40 small
-        # files on two cores became three tasks, the third running alone while a core idled. Two
-        # splits per core even that out (a pass of 10M tuples: 0.2 s less; docs/performance.md).
-        session.conf.set(_MIN_SPLITS, str(2 * session.sparkContext.defaultParallelism))
-    if _SHUFFLE not in conf:
-        # A pass shuffles its window partials once, without adaptive execution (``replay.engine.
-        # aggregate``), into this many partitions: one per core (Spark's default is 200).
-        session.conf.set(_SHUFFLE, str(session.sparkContext.defaultParallelism))
+    for key, value in _per_core(session).items():
+        if key not in conf:  # the job's own setting stands
+            session.conf.set(key, value)
+            session.conf.set(_CHOSEN + key, value)
     return session
+
+
+def _per_core(session: SparkSession) -> dict[str, str]:
+    """The settings ``get_session`` derives from the cores Spark has now (``defaultParallelism``).
+
+    - ``spark.sql.files.minPartitionNum``, two splits per core: Spark packs a scan's files into
+      splits of about the input's size over the cores, and 40 small files on two cores became three
+      tasks, the third running alone while a core idled (a pass of 10M tuples: 0.2 s less;
+      docs/performance.md).
+    - ``spark.sql.shuffle.partitions``, one per core (Spark's default is 200): a pass shuffles its
+      window partials once, without adaptive execution (``replay.engine.aggregate``)."""
+    cores = session.sparkContext.defaultParallelism
+    return {_MIN_SPLITS: str(2 * cores), _SHUFFLE: str(cores)}
+
+
+def follow_cores(session: SparkSession) -> None:
+    """Bring the per-core settings ``get_session`` chose (``_per_core``) up to the cores Spark has
+    now; a pass calls it before its action.
+
+    On a cluster the executors register after the session starts: ``defaultParallelism`` was the
+    minimum of 2 when ``get_session`` asked and is every executor's cores later. A setting the job
+    gave, or anyone changed since (a test, a notebook), is left as it is."""
+    for key, value in _per_core(session).items():
+        chosen = session.conf.get(_CHOSEN + key, None)
+        if chosen is not None and chosen != value and session.conf.get(key, None) == chosen:
+            session.conf.set(key, value)
+            session.conf.set(_CHOSEN + key, value)
 
 
 def driver_arrow_memory() -> None:

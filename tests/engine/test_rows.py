@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from replay.engine.passes import Read, Reads
-from replay.engine.rows import _pack, _packed, _packing
+from replay.engine.rows import _pack, _packed, _packing, late_reason, reason_codes
 from tests._archives import buffer
 
 identities = st.lists(
@@ -59,13 +59,40 @@ def test_the_widths_are_those_of_the_largest_values_up_to_63_bits() -> None:
 @pytest.mark.spark
 def test_the_spark_expression_packs_as_the_decision_table_does(spark: Any) -> None:
     """``_packed`` (on the archive's rows) and ``_pack`` (the decision table) agree on identities
-    that fit, and give null, so no match, for one that does not (an origin past its width)."""
+    that fit, and give -1, so no match, for one that does not (a component past its width,
+    negative or null)."""
     from pyspark.sql import functions as F
 
     ids = [(16, 1000, 3), (1, 1, 0), (9, 513, 2)]
     bits = _packing(_reads(ids))
     assert bits is not None
-    rows = [*ids, (32, 1, 0), (1, 1024, 0), (1, 1, 4)]  # each one component past its width
+    # Each one component past its width, negative, or null.
+    rows = [*ids, (32, 1, 0), (1, 1024, 0), (1, 1, 4), (-1, 1, 0), (1, -1, 0), (1, 1, -1), (None, 1, 0), (1, 1, None)]
     frame = spark.createDataFrame(rows, "o long, s long, c int")
     got = [r[0] for r in frame.select(_packed(F.col("o"), F.col("s"), F.col("c"), bits)).collect()]
-    assert got == [_pack(*identity, bits) for identity in ids] + [None, None, None]
+    assert got == [_pack(*identity, bits) for identity in ids] + [-1] * 8
+
+
+@pytest.mark.spark
+@given(
+    st.lists(
+        st.lists(st.sampled_from(["behind_origin_watermark", "behind_global_watermark", ""]), min_size=2, max_size=2),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_a_late_reason_travels_as_a_code_and_comes_back_as_its_word(spark: Any, reasons: list[list[str]]) -> None:
+    """Each copy's reason per key rides the join as a small integer (``reason_codes``); a late
+    row's word (``late_reason``) is the copy's own, whatever mix of reasons the pass holds."""
+
+    reads = Reads.of(
+        [
+            Read(buf=buffer(origin=1, sequence=n + 1, chunk=0), thresholds=(0, 0), reasons=tuple(r), batch=1)
+            for n, r in enumerate(reasons)
+        ],
+        nkeys=2,
+    )
+    codes = [reason_codes(reads, i)[1].tolist() for i in range(2)]
+    frame = spark.createDataFrame(list(zip(*codes, strict=True)), "d_reason0 int, d_reason1 int")
+    got = [tuple(r) for r in frame.select(late_reason(reads, 0), late_reason(reads, 1)).collect()]
+    assert got == [tuple(r) for r in reasons]

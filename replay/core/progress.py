@@ -112,12 +112,26 @@ class ProgressEngine(ProgressState):
             # (it was idle, is seen for the first time, or sends an idle marker), or the clock
             # passes an idle deadline; otherwise G stays (coalescing is idempotent).
             moved = before is None or before.last_ingest is None or buf.idle or self._idle(before)
-            prefix = before.prefix if before is not None else 0
+            prefix, wm = (before.prefix, before.wm) if before is not None else (0, [])
             self._apply(buf, decisions)
             self._clock = ingest
-            if moved or origins[buf.origin].prefix != prefix or ingest >= self._deadline:
+            if (
+                moved
+                or ingest >= self._deadline
+                or (origins[buf.origin].prefix != prefix and self._may_lift(buf.origin, wm))
+            ):
                 self._coalesce()
         return decisions
+
+    def _may_lift(self, origin: int, before: Sequence[int]) -> bool:
+        """Whether an active origin whose watermarks were ``before`` may move some ``G_k`` by
+        moving its prefix: only where it was at or below ``G_k``. Above it, the origin counted
+        (it is active and at or above ``G_k``), and so did another origin at ``G_k`` exactly, the
+        minimum, which stays. Most prefixes move above ``G_k``: no recomputation."""
+        return any(
+            origin in participants and before[index] <= g
+            for index, (participants, g) in enumerate(zip(self.participants, self.global_wm, strict=True))
+        )
 
     def join(self, participants: Mapping[str, Iterable[int]]) -> None:
         """Add origins that take part from now on (an incremental run that sees them first).
@@ -309,26 +323,36 @@ class ProgressEngine(ProgressState):
         for index, participants in enumerate(self.participants):
             previous = self.global_wm[index]
             if not participants:
-                self._counted[index], self._window[index] = (), None
                 continue
-            # (origin, W_k(o, prefix)) in origin order
-            local = [(o, origins[o].wm[index]) for o in sorted(participants)]
-            active = [pair for pair in local if pair[0] not in idle] if idle else local
-            if not active:
-                counted = local
-                candidate = max(w for _, w in local)
+            marks = [origins[o].wm[index] for o in participants if o not in idle]
+            if not marks:  # every origin idle: the highest of them
+                candidate = max(origins[o].wm[index] for o in participants)
             else:
-                counted = [pair for pair in active if pair[1] >= previous]
-                candidate = min(w for _, w in counted) if counted else previous
+                candidate = min((w for w in marks if w >= previous), default=previous)
             self.global_wm[index] = max(previous, candidate)
-            self._counted[index] = tuple(o for o, _ in counted)
-            values = [w for _, w in counted]
-            self._window[index] = (min(values), max(values)) if values else None
+
+    def _counting(self, index: int) -> tuple[tuple[int, ...], tuple[int, int] | None]:
+        """The origins that count in ``G_k`` of key ``index`` now, in origin order, and the range
+        of their watermarks: the active ones at or above ``G_k`` (all of them when every one is
+        idle). Computed when asked (a snapshot, an export), from the state ``_coalesce`` left:
+        the active origins at or above ``G_k`` before it moved ``G_k`` are those at or above
+        where it moved it, the smallest of them."""
+        participants = self.participants[index]
+        if not participants:
+            return (), None
+        idle = self._idle_origins()
+        local = [(o, self._origins[o].wm[index]) for o in sorted(participants)]
+        active = [pair for pair in local if pair[0] not in idle]
+        g = self.global_wm[index]
+        counted = [pair for pair in active if pair[1] >= g] if active else local
+        values = [w for _, w in counted]
+        return tuple(o for o, _ in counted), ((min(values), max(values)) if values else None)
 
     # -- reading -----------------------------------------------------------------------------
 
     def snapshot(self) -> ProgressSnapshot:
         """The current progress as immutable values."""
+        counting = [self._counting(index) for index in range(len(self.keys))]
         rows = []
         for index, key in enumerate(self.keys):
             for origin in sorted(self.participants[index]):
@@ -341,7 +365,7 @@ class ProgressEngine(ProgressState):
                         local_watermark=state.wm[index],
                         pending_buffers=sum(len(c) for c in state.pending.values()),
                         idle=self._idle(state),
-                        counted=origin in self._counted[index],
+                        counted=origin in counting[index][0],
                     )
                 )
         keys = tuple(
@@ -349,7 +373,7 @@ class ProgressEngine(ProgressState):
                 key=key.name,
                 global_watermark=self.global_wm[index],
                 effective_watermark=minus(self.global_wm[index], key.allowed_lateness),
-                time_window=self._window[index],
+                time_window=counting[index][1],
                 participants=tuple(sorted(self.participants[index])),
             )
             for index, key in enumerate(self.keys)

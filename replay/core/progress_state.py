@@ -79,8 +79,6 @@ class ProgressState:
         self.global_wm = [NEG_INF] * len(self.keys)
         # ``G_k`` when the current batch began: the floor of origin-mode thresholds (``_decide``).
         self._floor = list(self.global_wm)
-        self._counted: list[tuple[int, ...]] = [() for _ in self.keys]
-        self._window: list[tuple[int, int] | None] = [None for _ in self.keys]
         # Not state: values the decisions share (one tuple per combination of reasons, and the
         # previous decision against ``G_k``: the watermarks it was made with, its thresholds, its reasons).
         self._reasons: dict[tuple[str, ...], tuple[str, ...]] = {}
@@ -99,6 +97,11 @@ class ProgressState:
     def clock(self) -> int | None:
         """Arrival mode: the ``ingest_ts`` of the latest buffer fed (``None`` before the first)."""
         return self._clock
+
+    def _counting(self, index: int) -> tuple[tuple[int, ...], tuple[int, int] | None]:
+        """The origins that count in ``G_k`` of key ``index`` and their watermarks' range (the
+        engine's rule: ``ProgressEngine._counting``)."""
+        raise NotImplementedError
 
     def _state(self, origin: int) -> OriginState:
         state = self._origins.get(origin)
@@ -165,13 +168,15 @@ class ProgressState:
             )
             for seq in sorted(state.pending):
                 held += [state.pending[seq][chunk] for chunk in sorted(state.pending[seq])]
+        counting = [self._counting(index) for index in range(len(self.keys))]
         values = {
             "mode": self.mode,
             "keys": [k.name for k in self.keys],
             "participants": [sorted(p) for p in self.participants],
             "global_wm": list(self.global_wm),
-            "counted": [list(c) for c in self._counted],
-            "window": [list(w) if w is not None else None for w in self._window],
+            # Derived from the rest (``_counting``), not read back; kept for those who read the state.
+            "counted": [list(counted) for counted, _ in counting],
+            "window": [list(window) if window is not None else None for _, window in counting],
             "clock": self._clock,
             "deadline": self._deadline,
             "first_ingest": self._first_ingest,
@@ -195,8 +200,6 @@ class ProgressState:
         self.participants = [set(p) for p in values["participants"]]
         self.global_wm = list(values["global_wm"])
         self._floor = list(self.global_wm)
-        self._counted = [tuple(c) for c in values["counted"]]
-        self._window = [(w[0], w[1]) if w is not None else None for w in values["window"]]
         self._clock = values["clock"]
         self._deadline = values["deadline"]
         self._first_ingest = values["first_ingest"]

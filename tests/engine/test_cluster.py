@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -67,7 +68,9 @@ def standalone_cluster(work: Path) -> Iterator[tuple[str, int, subprocess.Popen[
         SPARK_MASTER_PORT=str(port),
         SPARK_MASTER_WEBUI_PORT=str(ui),
         SPARK_WORKER_WEBUI_PORT=str(worker_ui),
-        SPARK_WORKER_CORES="2",
+        # Three: not the 2 Spark reports before an executor registers, so that a pass's shuffle shows
+        # it counted the worker's cores (``replay.engine.spark.follow_cores``).
+        SPARK_WORKER_CORES="3",
         SPARK_WORKER_MEMORY="2g",
         SPARK_WORKER_DIR=str(work / "worker"),
     )
@@ -100,7 +103,7 @@ def wait_for_worker(ui: int, process: subprocess.Popen[bytes], log: Path, timeou
     raise AssertionError(f"no worker registered with the master in {timeout:.0f} s:\n{log.read_text()}")
 
 
-def write_job(directory: Path, archive: Path, max_buffers: int) -> Path:
+def write_job(directory: Path, archive: Path, max_buffers: int, spark_conf: dict[str, str] | None = None) -> Path:
     directory.mkdir(parents=True)
     job = {
         "archive": str(archive),
@@ -118,6 +121,8 @@ def write_job(directory: Path, archive: Path, max_buffers: int) -> Path:
         ],
         "micro_batch": {"max_buffers": max_buffers},
     }
+    if spark_conf:
+        job["spark"] = {"conf": spark_conf}
     path = directory / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     return path
@@ -136,6 +141,7 @@ class ClusterRun:
     master_stopped: bool
     dag: subprocess.CompletedProcess[str]
     dag_output: Path
+    events: Path  # Spark's event log of the ``replay run``
 
 
 @_background.register("cluster")
@@ -148,7 +154,14 @@ def replay_on_a_cluster() -> ClusterRun:
         archive = airflow.root / "archive"
         generated = generate_archive(archive, dataclasses.replace(FEATURED, buffer_tuples=100, seed=2))
         assert generated.buffers >= 10 and generated.duplicates and generated.late_tuples
-        job = write_job(work / "cluster", archive, max_buffers=7)
+        events = work / "events"
+        events.mkdir()
+        event_log = {
+            "spark.eventLog.enabled": "true",
+            "spark.eventLog.dir": str(events),
+            "spark.eventLog.compress": "false",
+        }
+        job = write_job(work / "cluster", archive, max_buffers=7, spark_conf=event_log)
         wait_for_worker(ui, process, work / "cluster.log")
         env = {k: v for k, v in os.environ.items() if not k.startswith("REPLAY_")}
         remote = subprocess.run(
@@ -188,6 +201,7 @@ def replay_on_a_cluster() -> ClusterRun:
         master_stopped,
         dag,
         airflow.root / "dag-out",
+        events,
     )
 
 
@@ -204,6 +218,18 @@ def test_a_replay_on_a_standalone_cluster_equals_a_local_one(tmp_path: Path, spa
         assert names[0] == ("replay", "FINISHED"), done.apps
         assert len(names) == 2 and names[1][0].startswith("replay replay_backfill manual__"), done.apps
         assert names[1][1] == "FINISHED" and all(a["cores"] > 0 for a in done.apps)
+        # Each pass shuffled into one partition per core of the worker (3). Here the executor
+        # registers before the session asks for the cores, so this holds without follow_cores too;
+        # where executors come up later (containers) only follow_cores makes it hold
+        # (tests/engine/test_spark.py has its rule).
+        plans = [
+            event["physicalPlanDescription"]
+            for log in done.events.rglob("events_*")  # Spark 4 rolls its event log: a directory of files
+            for event in map(json.loads, log.read_text().splitlines())
+            if event["Event"].endswith("SQLExecutionStart") and "MapInArrow" in event["physicalPlanDescription"]
+        ]
+        partitions = [int(n) for plan in plans for n in re.findall(r", (\d+)\), ENSURE_REQUIREMENTS", plan)]
+        assert plans and partitions and set(partitions) == {3}, partitions
         # SIGTERM: ./dev.sh cluster stopped its master and worker, then exited with 128 + 15.
         assert done.cluster_exit == 143 and done.master_stopped
 

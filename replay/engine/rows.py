@@ -128,11 +128,15 @@ def reason_codes(reads: Reads, i: int) -> tuple[list[str], npt.NDArray[np.int32]
     """Key ``i``'s late reasons of the reads as small integers (the ``d_reason<i>`` column) and
     the words they stand for, by code. The decision table is shipped inside the tasks that
     broadcast it: an int per copy instead of a word, and only a late tuple needs the word
-    (``late_reason``; a literal when the pass has one reason)."""
+    (``late_reason``; a literal when the pass has one reason). A dictionary over the few distinct
+    words: ``np.unique`` of the words took 5 ms per 13k copies, this about 0.4 ms (the table and the
+    late rows each ask)."""
     import numpy as np
 
-    names, codes = np.unique(reads.reasons[:, i].astype(str), return_inverse=True)
-    return [str(n) for n in names.tolist()], codes.astype(np.int32)
+    column: list[str] = reads.reasons[:, i].tolist()
+    names = sorted(set(column))
+    code = {name: n for n, name in enumerate(names)}
+    return names, np.fromiter(map(code.__getitem__, column), dtype=np.int32, count=len(column))
 
 
 def late_reason(reads: Reads, i: int) -> Column:

@@ -84,7 +84,6 @@ def test_the_spark_expression_packs_as_the_decision_table_does(spark: Any) -> No
 def test_a_late_reason_travels_as_a_code_and_comes_back_as_its_word(spark: Any, reasons: list[list[str]]) -> None:
     """Each copy's reason per key rides the join as a small integer (``reason_codes``); a late
     row's word (``late_reason``) is the copy's own, whatever mix of reasons the pass holds."""
-
     reads = Reads.of(
         [
             Read(buf=buffer(origin=1, sequence=n + 1, chunk=0), thresholds=(0, 0), reasons=tuple(r), batch=1)

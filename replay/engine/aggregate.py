@@ -131,6 +131,9 @@ def run_pass(
     # Only copies whose smallest event time is below their threshold can hold a late tuple (a copy
     # whose event times the scan did not read may); the late rows come from the pass's rows.
     candidates = bool(reads.may_hold_late().any())
+    # Decided by a batch of the pass (not carried): every row, when the pass carries no copies.
+    # Said so, Spark tests nothing per row.
+    decided = F.col("d_batch") > 0 if carried else F.lit(True)
     late_names = [f.name for f in late_struct.fields]
     late_columns: tuple[tuple[str, str], ...] = ()  # where the union has a late tuple's values
     late_rows: list[Column] = []  # per key: the row's ``late`` table values where it is late for it, else null
@@ -150,7 +153,7 @@ def run_pass(
             ]
             late_rows.append(
                 F.when(
-                    F.col(f"_late{i}") & (F.col("d_batch") > 0),
+                    F.col(f"_late{i}") & decided,
                     F.struct(
                         *[v.alias(n) for n, v in zip(late_names, values, strict=True)],
                         F.col("d_batch").alias("_batch"),
@@ -184,7 +187,7 @@ def run_pass(
         metrics = Observation(f"pass_{uuid.uuid4().hex[:8]}")
         suffix = str(steps[0].batch) if len(steps) == 1 else pass_counts.PASS
         # Not the carried copies (batch 0): counted when decided.
-        mine = F.col("d_batch") == F.lit(steps[0].batch) if len(steps) == 1 else F.col("d_batch") > 0
+        mine = F.col("d_batch") == F.lit(steps[0].batch) if len(steps) == 1 and carried else decided
         if specs:
             # ``_first``: a row once, though a sliding window's partials see it once per window.
             ride = [F.sum(F.when(F.col("_first") & mine, value)).alias(f"_c_{name}") for name, value in terms]

@@ -118,8 +118,16 @@ def _decision_frame(
     for i in range(nkeys):
         columns[f"d_thr{i}"] = pa.array(np.ascontiguousarray(reads.thresholds[:, i]))
         columns[f"d_reason{i}"] = pa.array(reason_codes(reads, i)[1])
-    frame = spark.createDataFrame(pa.table(columns))
-    del columns
+    # A column without nulls is declared not nullable, so that Spark's generated code reads the
+    # joined decision without a null check per row and value.
+    table = pa.Table.from_arrays(
+        list(columns.values()),
+        schema=pa.schema(
+            [pa.field(name, array.type, nullable=array.null_count > 0) for name, array in columns.items()]
+        ),
+    )
+    frame = spark.createDataFrame(table)
+    del columns, table
     release_arrow_memory()  # Spark holds the table now: what the driver built is given back
     return frame
 

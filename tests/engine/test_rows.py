@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replay.engine.passes import Read, Reads
-from replay.engine.rows import _pack, _packed, _packing, late_reason, reason_codes
+from replay.engine.passes import PassWork, Read, Reads
+from replay.engine.rows import _decision_frame, _pack, _packed, _packing, late_reason, reason_codes
 from tests._archives import buffer
 
 identities = st.lists(
@@ -95,3 +95,37 @@ def test_a_late_reason_travels_as_a_code_and_comes_back_as_its_word(spark: Any, 
     frame = spark.createDataFrame(list(zip(*codes, strict=True)), "d_reason0 int, d_reason1 int")
     got = [tuple(r) for r in frame.select(late_reason(reads, 0), late_reason(reads, 1)).collect()]
     assert got == [tuple(r) for r in reasons]
+
+
+@pytest.mark.spark
+def test_the_decision_table_declares_not_nullable_the_columns_without_nulls(spark: Any) -> None:
+    """Spark reads a joined decision without a null check where the column has no nulls; a copy not
+    checked by file has a null file, so that column stays nullable (and a null is never declared away)."""
+    reads = Reads.of(
+        [
+            Read(
+                buf=buffer(origin=1, sequence=n + 1, chunk=0, file=f"f{n % 2}.parquet"),
+                thresholds=(5,),
+                reasons=("",),
+                batch=1,
+            )
+            for n in range(4)
+        ],
+        nkeys=1,
+    )
+    work = PassWork(
+        reads=reads,
+        steps=[],
+        floor=(0,),
+        open_state={},
+        state_dirs={},
+        counts_dir="",
+        checked={(1, 1, 0): frozenset({"g.parquet"})},  # the first copy has another copy elsewhere
+    )
+    levels = work.check_levels()
+    frame = _decision_frame(spark, reads, work, {}, 1, _packing(reads), levels)
+    nullable = {f.name: f.nullable for f in frame.schema.fields}
+    assert nullable == {name: name == "d_file" for name in nullable}
+    assert {"d_file", "d_weight", "d_check", "d_batch", "d_id", "d_thr0", "d_reason0"} <= set(nullable)
+    files = [r["d_file"] for r in frame.orderBy("d_id").collect()]
+    assert files == ["f0.parquet", None, None, None]

@@ -204,7 +204,9 @@ def _joined(
     from pyspark.sql import functions as F
 
     names = reads.buffers.files
-    files = sorted({spark_paths.get(names[i], names[i]) for i in np.unique(reads.buffers.file_of).tolist()})
+    # Read by the files' own names: the path Spark reports for a local file escapes characters
+    # (a space is ``%20``) that Spark's reader does not unescape, so that path names no file.
+    files = sorted({names[i] for i in np.unique(reads.buffers.file_of).tolist()})
     raw = read_parquet(spark, schema, files)
     bits = _packing(reads)
     # A buffer with discarded copies elsewhere is matched by file too; when a copy shares its

@@ -224,6 +224,21 @@ def _split_by_ingest(source: Path, first: Path, second: Path) -> None:
     pq.write_table(table.filter(pc.invert(early)), second / "part-00001.parquet")
 
 
+def test_an_archive_whose_path_uri_escapes_matches_copies_by_file(tmp_path: Path, spark: Any) -> None:
+    """Copies of one buffer in two files are told apart by the path Spark reports for each file,
+    which escapes a space as ``%20``; the files are still read by their own names (reading the
+    reported path found no file), and the outputs are those of the same archive at a plain path."""
+    options = GenerateOptions(origins=3, tuples=1_200, buffer_tuples=40, keys=5, seed=2, duplicates=3, files=3)
+    escaped = tmp_path / "an archive #1"
+    generate_archive(escaped, options)
+    plain = tmp_path / "plain"
+    shutil.copytree(escaped, plain)
+    summary = run(job(escaped, tmp_path / "escaped run"), spark=spark)
+    assert summary.duplicate_copies == 3
+    run(job(plain, tmp_path / "plain run"), spark=spark)
+    assert digests(job(escaped, tmp_path / "escaped run")) == digests(job(plain, tmp_path / "plain run"))
+
+
 def test_an_incremental_run_equals_one_full_run(tmp_path: Path, spark: Any) -> None:
     archive = tmp_path / "source"
     options = GenerateOptions(origins=3, tuples=1_200, buffer_tuples=40, keys=5, seed=2, duplicates=2, files=2)

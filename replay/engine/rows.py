@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["late_reason", "pass_rows", "q", "reason_codes"]
+__all__ = ["late_reason", "pass_rows", "q", "reason_codes", "reported_path"]
 
 
 def _packing(reads: Reads) -> tuple[int, int, int] | None:
@@ -226,8 +226,8 @@ def _joined(
             & (q(layout.chunk_number).cast("long") == F.col("d_chunk"))
         )
     if level >= 1:
-        located.append(F.col("_metadata.file_path").alias("_file"))
-        same_copy = F.col("_file") == F.col("d_file")
+        located.append(F.input_file_name().alias("_file"))
+        same_copy = reported_path(F.col("_file")) == F.col("d_file")
     if level == 2:
         located.append(F.col("_metadata.row_index").alias("_row"))
         same_copy = same_copy & ((F.col("d_check") == 1) | F.col("_row").between(F.col("d_lo"), F.col("d_hi")))
@@ -235,6 +235,17 @@ def _joined(
     if level >= 1:
         joined = joined.where((F.col("d_check") == 0) | same_copy)
     return joined
+
+
+def reported_path(input_file: Column) -> Column:
+    """The path Spark reports as a row's ``_metadata.file_path`` (the form of the decision table's
+    ``d_file``, ``replay.engine.copies``), from the name ``input_file_name()`` gives its file: the
+    same URI but for an empty authority (``file:///a%20b`` is ``file:/a%20b``). ``_metadata``
+    costs a struct built on every row; ``input_file_name()`` is the task's current file, and a
+    pass's join only converts it for the rows of a copy it checks by file."""
+    from pyspark.sql import functions as F
+
+    return F.regexp_replace(input_file, r"^([A-Za-z][A-Za-z0-9+.\-]*):///", "$1:/")
 
 
 def q(name: str) -> Column:

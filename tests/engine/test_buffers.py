@@ -12,6 +12,7 @@ import pytest
 from replay.core.config import parse_config
 from replay.engine.archive import inspect_schema
 from replay.engine.buffers import scan_buffers
+from replay.engine.rows import reported_path
 from tests._archives import SHORT_COLUMNS
 
 pytestmark = pytest.mark.spark
@@ -245,3 +246,6 @@ def test_the_path_spark_reports_for_a_local_file_is_known_without_reading_it(tmp
     for given in files:
         reported = spark.read.parquet(given).select(F.col("_metadata.file_path")).first()
         assert reported is not None and made[given] == reported[0], given
+        # A pass matches rows by the task's input file name, brought to the same form.
+        named = spark.read.parquet(given).select(reported_path(F.input_file_name())).first()
+        assert named is not None and made[given] == named[0], given

@@ -175,6 +175,20 @@ def run_pass(
     bounded = range_start is not None or range_end is not None
     terms, same = pass_counts.count_terms(specs, spec_cols, key_index, nkeys, bounded=bounded)
     terms = terms if rows_frame is not None else []
+    # In a pass of one batch that carries no copies, with one key whose late tuples ride in the first
+    # window aggregation and whose windows own every on-time tuple they hold (tumbling, no range),
+    # the late and on-time counts are the groups' own: a late group counts its late tuples, a
+    # window group its on-time members, and every row is the batch's. They are summed over the
+    # groups when observed, not over the rows in one more aggregate.
+    from_groups = (
+        len(steps) == 1
+        and not carried
+        and late_in_windows
+        and not bounded
+        and pass_counts.derives(specs, spec_cols, nkeys)
+    )
+    if from_groups:
+        terms = [(name, value) for name, value in terms if name not in ("late0", "on0")]
     terms = pass_counts.packed(terms, int(reads.column("rows").sum()))
     # A pass of several batches whose batches' counts follow from the pass's totals (``pass_counts.derives``)
     # counts like a pass of one batch, and splits the rows outside every window by batch.
@@ -234,11 +248,16 @@ def run_pass(
             )
             if ride:
                 assert metrics is not None
+                grouped_counts = [("late0", "_late_n"), ("on0", "_rows")] if from_groups else []
                 fresh = fresh.observe(
                     metrics,
                     *[
                         F.coalesce(F.sum(f"_c_{name}"), F.lit(0)).cast("long").alias(f"{name}_{suffix}")
                         for name, _ in terms
+                    ],
+                    *[
+                        F.coalesce(F.sum(column), F.lit(0)).cast("long").alias(f"{name}_{suffix}")
+                        for name, column in grouped_counts
                     ],
                 )
                 if not derive:

@@ -54,6 +54,7 @@ from replay.engine.schemas import table_structs
 from replay.engine.sink import RESULT_SCHEMA, Part, Written, keep_only, sink
 from replay.engine.spark import follow_cores
 from replay.engine.windows import (
+    PUNCTUATION_START,
     WindowColumns,
     aggregated_types,
     merge,
@@ -188,7 +189,10 @@ def run_pass(
         and pass_counts.derives(specs, spec_cols, nkeys)
     )
     if from_groups:
-        terms = [(name, value) for name, value in terms if name not in ("late0", "on0")]
+        # The copy checksum is the one count left over the rows; the rows and tuples are the
+        # groups' counts of all their rows, less the punctuation rows' group for the tuples
+        # (``windows.partials``' ``tuple_flag``).
+        terms = [(name, value) for name, value in terms if name not in ("rows", "tuples", "late0", "on0")]
     terms = pass_counts.packed(terms, int(reads.column("rows").sum()))
     # A pass of several batches whose batches' counts follow from the pass's totals (``pass_counts.derives``)
     # counts like a pass of one batch, and splits the rows outside every window by batch.
@@ -245,10 +249,21 @@ def run_pass(
                 rest_group=True,
                 late=late_rows[0] if late_here else None,
                 rest_by="d_batch" if derive else None,
+                tuple_flag="_tuple" if from_groups else None,
             )
             if ride:
                 assert metrics is not None
-                grouped_counts = [("late0", "_late_n"), ("on0", "_rows")] if from_groups else []
+                punctuation = F.when(F.col("window_start") == F.lit(PUNCTUATION_START), F.col("_all"))
+                grouped_counts: list[tuple[str, Column]] = (
+                    [
+                        ("rows", F.col("_all")),
+                        ("tuples", F.col("_all") - F.coalesce(punctuation, F.lit(0))),
+                        ("late0", F.col("_late_n")),
+                        ("on0", F.col("_rows")),
+                    ]
+                    if from_groups
+                    else []
+                )
                 fresh = fresh.observe(
                     metrics,
                     *[
@@ -261,7 +276,7 @@ def run_pass(
                     ],
                 )
                 if not derive:
-                    fresh = fresh.drop(*[f"_c_{name}" for name, _ in terms])
+                    fresh = fresh.drop(*[f"_c_{name}" for name, _ in terms], *(["_all"] if from_groups else []))
             kept = F.col("_rows") > 0
             if late_here:
                 kept = kept | F.col("_late").isNotNull()

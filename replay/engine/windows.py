@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FLOAT_SUM_TYPE",
+    "PUNCTUATION_START",
     "REST_START",
     "WindowColumns",
     "aggregated_types",
@@ -71,6 +72,8 @@ class WindowColumns:
 #: The window start of ``partials``' group of rows that enter no window: below any window start an
 #: event time can have (timestamps reach back to year 1, about -6.2e16 microseconds).
 REST_START = -(2**63)
+#: The window start of ``partials``' group of punctuation rows (``tuple_flag``), one above ``REST_START``.
+PUNCTUATION_START = REST_START + 1
 
 
 def _q(name: str) -> str:
@@ -157,6 +160,7 @@ def partials(
     rest_group: bool = False,
     late: Column | None = None,
     rest_by: str | None = None,
+    tuple_flag: str | None = None,
 ) -> DataFrame:
     """One partial row per (key, window start) over ``rows``.
 
@@ -179,7 +183,11 @@ def partials(
     the rows is needed; the other groups have a null ``_late``. ``rest_by`` (with ``rest_group``):
     a column whose value splits the rest group (one group per value, in column ``_rb``; null on
     every other group), so that ``extra`` aggregates count the rows outside every window per value
-    of it (a pass of several batches: per batch).
+    of it (a pass of several batches: per batch). ``tuple_flag`` (with ``late``, for windows that
+    own their members, every row's ``_first`` true): the column that is false on a punctuation
+    row; each group then counts all its rows in ``_all``, and the punctuation rows outside every
+    window are a rest group of their own (window start ``PUNCTUATION_START``), so that a pass's
+    rows and tuples are sums over the groups instead of aggregates over every row.
     """
     from pyspark.sql import functions as F
 
@@ -202,7 +210,10 @@ def partials(
     first = [F.min(F.when(member, F.col(_q(first_batch)))).alias("_fb")] if isinstance(first_batch, str) else []
     key, start = F.col(_q(cols.key)), F.col("_start")
     if rest_group:
-        key, start = F.when(member, key), F.when(member, start).otherwise(F.lit(REST_START))
+        rest_start = F.lit(REST_START)
+        if tuple_flag is not None:
+            rest_start = F.when(F.col(_q(tuple_flag)), rest_start).otherwise(F.lit(PUNCTUATION_START))
+        key, start = F.when(member, key), F.when(member, start).otherwise(rest_start)
     keys = [key.alias("key"), start.alias("window_start")]
     if rest_by is not None:
         rest = ~member if late is None else ~member & late.isNull()
@@ -217,18 +228,23 @@ def partials(
     # its ``_owned`` too (an aggregate or two less per group, updated on every row).
     late_once = F.col("_first") & late.isNotNull()
     each = owns_its_members(spec, cols)
+    counted_rows = F.lit(1) if tuple_flag is not None else F.when(member | late_once, F.lit(1))
     grouped = assigned.groupBy(*keys, late.alias("_late"), *rest_key).agg(
-        F.count(F.when(member | late_once, F.lit(1))).alias("_n"), *exprs[2 if each else 1 :], *first, *extra
+        F.count(counted_rows).alias("_n"), *exprs[2 if each else 1 :], *first, *extra
     )
     is_late = F.col("_late").isNotNull()
-    members = F.when(is_late, F.lit(0).cast("long")).otherwise(F.col("_n"))
+    not_members = is_late if tuple_flag is None else is_late | (F.col("window_start") <= F.lit(PUNCTUATION_START))
+    members = F.when(not_members, F.lit(0).cast("long")).otherwise(F.col("_n"))
     late_n = F.when(is_late, F.col("_n")).otherwise(F.lit(0).cast("long")).alias("_late_n")
     # The columns in the order without ``late``: ``_n`` becomes ``_rows`` (and ``_owned``), and
     # ``_late_n`` comes before ``extra``.
     names = grouped.columns
     at, end = names.index("_n"), len(names) - len(extra)
     counted = [members.alias("_rows"), members.alias("_owned")] if each else [members.alias("_rows")]
-    return _first_batch(grouped.select(*names[:at], *counted, *names[at + 1 : end], late_n, *names[end:]), first_batch)
+    every = [F.col("_n").alias("_all")] if tuple_flag is not None else []
+    return _first_batch(
+        grouped.select(*names[:at], *counted, *names[at + 1 : end], late_n, *names[end:], *every), first_batch
+    )
 
 
 def _first_batch(grouped: DataFrame, first_batch: str | int | None) -> DataFrame:

@@ -222,3 +222,29 @@ def two_key_jobs(draw: st.DrawFn) -> dict[str, Any]:
 @given(archives(), two_key_jobs())
 def test_run_equals_reference_with_two_watermark_keys(spark: Any, drawn: Drawn, jobs: dict[str, Any]) -> None:
     _compare(spark, drawn, jobs)
+
+
+def test_a_one_batch_tumbling_run_counts_rows_and_tuples_from_its_groups(spark: Any, tmp_path: Path) -> None:
+    """One batch, one key, tumbling windows: the pass takes the ledger's rows, tuples, late and
+    on-time counts from the window aggregation's groups (``replay.engine.aggregate``), with the
+    punctuation rows of idle origins in a group of their own. The run's ledger holds, and its
+    windows and late rows are the model's."""
+    import dataclasses
+
+    import pyarrow.parquet as pq
+
+    from replay.generate import generate_archive
+    from tests._archives import FEATURED
+
+    archive = tmp_path / "archive"
+    generate_archive(archive, dataclasses.replace(FEATURED, idle=1, late_fraction=0.05, seed=11))
+    rows = pa.concat_tables([pq.read_table(p) for p in sorted(archive.glob("*.parquet"))])
+    assert rows.filter(pa.compute.is_null(rows["key"])).num_rows > 0  # idle markers: punctuation rows
+    windows = [{"name": "w", "size": "500ms", "aggregations": [{"fn": "count"}, {"fn": "sum", "column": "value"}]}]
+    config = parse_config({"archive": str(archive), "output": str(tmp_path / "out"), "windows": windows})
+    expected = reference_view(config)
+    actual = job_view(config, spark)
+    assert expected["late"], "the archive has late tuples"
+    _same_windows(actual["windows"], expected["windows"])
+    assert actual["late"] == expected["late"]
+    assert actual["open"] == expected["open"]

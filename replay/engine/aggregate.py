@@ -23,7 +23,9 @@ reaching the driver:
   state the pass carries out;
 - all of it is one union, written by one ``mapInArrow`` (``replay.engine.sink``) whose
   collected result is the pass's only Spark action. The ledger's counts ride along as observed
-  metrics: per batch in a pass of one batch; in a pass of several, for the whole pass, with one
+  metrics: per batch in a pass of one batch (without carried copies, with one key and tumbling
+  windows, all but the copy checksum as sums over the first aggregation's groups, not its rows);
+  in a pass of several, for the whole pass, with one
   group per batch of the rows outside every window, from which each batch's counts follow
   (``pass_counts.derives``, ``pass_counts.derived``); where they do not follow (several keys, sliding windows, a
   backfill range), per batch in one more branch. A row of the union goes to one destination, so

@@ -255,17 +255,15 @@ def run_pass(
             )
             if ride:
                 assert metrics is not None
-                punctuation = F.when(F.col("window_start") == F.lit(PUNCTUATION_START), F.col("_all"))
-                grouped_counts: list[tuple[str, Column]] = (
-                    [
+                grouped_counts: list[tuple[str, Column]] = []
+                if from_groups:
+                    punctuation = F.when(F.col("window_start") == F.lit(PUNCTUATION_START), F.col("_all"))
+                    grouped_counts = [
                         ("rows", F.col("_all")),
                         ("tuples", F.col("_all") - F.coalesce(punctuation, F.lit(0))),
                         ("late0", F.col("_late_n")),
                         ("on0", F.col("_rows")),
                     ]
-                    if from_groups
-                    else []
-                )
                 fresh = fresh.observe(
                     metrics,
                     *[

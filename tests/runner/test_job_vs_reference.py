@@ -10,6 +10,7 @@ error.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import Phase, event, given, settings
 from hypothesis import strategies as st
@@ -26,10 +29,11 @@ from hypothesis import strategies as st
 from replay.core.config import JobConfig, parse_config
 from replay.core.errors import ReplayError
 from replay.core.timeutil import from_datetime
+from replay.generate import generate_archive
 from replay.reference.model import run_reference
 from replay.runner.loop import run
 from replay.store.outputs import read_table
-from tests._archives import write_archive
+from tests._archives import FEATURED, write_archive
 from tests.engine.test_vs_reference import archives
 
 pytestmark = pytest.mark.spark
@@ -229,17 +233,10 @@ def test_a_one_batch_tumbling_run_counts_rows_and_tuples_from_its_groups(spark: 
     on-time counts from the window aggregation's groups (``replay.engine.aggregate``), with the
     punctuation rows of idle origins in a group of their own. The run's ledger holds, and its
     windows and late rows are the model's."""
-    import dataclasses
-
-    import pyarrow.parquet as pq
-
-    from replay.generate import generate_archive
-    from tests._archives import FEATURED
-
     archive = tmp_path / "archive"
     generate_archive(archive, dataclasses.replace(FEATURED, idle=1, late_fraction=0.05, seed=11))
     rows = pa.concat_tables([pq.read_table(p) for p in sorted(archive.glob("*.parquet"))])
-    assert rows.filter(pa.compute.is_null(rows["key"])).num_rows > 0  # idle markers: punctuation rows
+    assert rows.filter(pc.is_null(rows["key"])).num_rows > 0  # idle markers: punctuation rows
     windows = [{"name": "w", "size": "500ms", "aggregations": [{"fn": "count"}, {"fn": "sum", "column": "value"}]}]
     config = parse_config({"archive": str(archive), "output": str(tmp_path / "out"), "windows": windows})
     expected = reference_view(config)

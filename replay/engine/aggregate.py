@@ -50,7 +50,7 @@ from replay.engine import pass_counts
 from replay.engine.archive import ArchiveLayout
 from replay.engine.archive_rows import time_value
 from replay.engine.passes import PassWork, SpecCounts, WorkResult
-from replay.engine.routing import Shared, batch_part, due_part
+from replay.engine.routing import Shared, Value, batch_part, due_part, fields_of
 from replay.engine.rows import late_reason, pass_rows, q
 from replay.engine.schemas import table_structs
 from replay.engine.sink import RESULT_SCHEMA, Part, Written, keep_only, sink
@@ -98,6 +98,7 @@ def run_pass(
     import pyarrow.parquet as pq
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
 
     if "ns" in layout.time_columns.values():
         spark.conf.set("spark.sql.legacy.parquet.nanosAsLong", "true")
@@ -222,7 +223,10 @@ def run_pass(
             .groupBy(F.col("d_batch").alias("c_batch"))
             .agg(*[F.coalesce(F.sum(value), F.lit(0)).alias(f"c_{name}") for name, value in terms])
         )
-        selected, (placed,) = shared.select(grouped, [(None, [(n, F.col(f"c_{n}")) for n in counted])])
+        counts_struct = grouped.schema
+        selected, (placed,) = shared.select(
+            [(None, [(n, F.col(f"c_{n}"), counts_struct[f"c_{n}"].dataType) for n in counted])]
+        )
         branches.append(grouped.select(F.lit(ids["counts"]).alias("_part"), *selected))
         parts["counts"] = Part(
             work.counts_dir, placed, bytes(pa.schema([(n, pa.int64()) for n in counted]).serialize())
@@ -235,6 +239,7 @@ def run_pass(
         cols = spec_cols[s]
         pieces: list[DataFrame] = []
         previous = work.open_state.get(spec.name)
+        spent: list[str] = []  # the first aggregation's columns for the observed counts only
         late_here = late_in_windows and s == 0 and rows_frame is not None  # late tuples ride in these partials
         if previous is not None:
             pieces.append(read_open(spark, previous).withColumn("_fb", F.lit(0).cast("long")))
@@ -276,7 +281,11 @@ def run_pass(
                     ],
                 )
                 if not derive:
-                    fresh = fresh.drop(*[f"_c_{name}" for name, _ in terms], *(["_all"] if from_groups else []))
+                    # Spent once observed: hidden from the open state, and dropped where the open
+                    # windows carried in (which lack them) are merged in.
+                    spent = [f"_c_{name}" for name, _ in terms] + (["_all"] if from_groups else [])
+                    if previous is not None:
+                        fresh = fresh.drop(*spent)
             kept = F.col("_rows") > 0
             if late_here:
                 kept = kept | F.col("_late").isNotNull()
@@ -328,24 +337,34 @@ def run_pass(
             added["_l"] = F.explode(F.array_repeat(F.col("_late"), late_n))
         merged = merged.withColumns(added)
         due = F.col("_due")
-        hidden = ("_fb", "_late", "_late_n", "_rb", "_due", "_l", *counts_of)
-        state_names = [c for c in merged.columns if c not in hidden]
+        hidden = ("_fb", "_late", "_late_n", "_rb", "_due", "_l", *counts_of, *spent)
+        merged_struct = merged.schema  # the types of the values below (no projection analysed for them)
+        state_fields = [f for f in merged_struct.fields if f.name not in hidden]
         part = F.coalesce(due, F.lit(ids[f"open:{s}"]))
-        window_row, constants = window_values(spec, cols, columns)
-        kinds: list[tuple[Column | None, Sequence[tuple[str, Column]]]] = [
+        window_row, constants = window_values(spec, cols, columns, merged_struct["key"].dataType)
+        kinds: list[tuple[Column | None, Sequence[Value]]] = [
             (due.isNotNull(), window_row),
-            (due.isNull(), [(c, F.col(c)) for c in state_names]),
+            (due.isNull(), fields_of(StructType(state_fields))),
         ]
         if late_here:
             is_late = F.col("_l").isNotNull()
             part = F.when(is_late, batch_part(F.col("_l._batch"), late_part)).otherwise(part)
-            kinds.insert(0, (is_late, [(n, F.col(f"_l.{n}")) for n in late_names]))
+            kinds.insert(0, (is_late, _late_values(merged_struct, late_names)))
         if rest:
             # A batch's rows outside every window (a group of their own, ``_rb``: the batch) are its counts.
             is_rest = F.col("_rb").isNotNull()
             part = F.when(is_rest, F.lit(ids["counts"])).otherwise(part)
-            kinds.insert(0, (is_rest, [("batch", F.col("_rb")), *[(n, F.col(f"_c_{n}")) for n in counted[1:]]]))
-        selected, by_kind = shared.select(merged, kinds)
+            kinds.insert(
+                0,
+                (
+                    is_rest,
+                    [
+                        ("batch", F.col("_rb"), merged_struct["_rb"].dataType),
+                        *[(n, F.col(f"_c_{n}"), merged_struct[f"_c_{n}"].dataType) for n in counted[1:]],
+                    ],
+                ),
+            )
+        selected, by_kind = shared.select(kinds)
         branch = merged.select(
             part.alias("_part"),
             F.col("_owned"),
@@ -369,9 +388,7 @@ def run_pass(
                 _arrow_schema(windows_struct),
                 tuple(constants.items()),
             )
-        parts[f"open:{s}"] = Part(
-            work.state_dirs[spec.name], state_columns, _arrow_schema(merged.select(*state_names).schema)
-        )
+        parts[f"open:{s}"] = Part(work.state_dirs[spec.name], state_columns, _arrow_schema(StructType(state_fields)))
 
     if observed is not None:
         # No window aggregation reads the rows: count them in a branch of their own.
@@ -380,13 +397,12 @@ def run_pass(
         )
 
     if late_rows:
-        late_values = [(n, F.col(f"_l.{n}")) for n in late_names]
         if not late_in_windows:
             # A second read of the rows (several keys: a tuple late for one key can be on time for another).
             assert rows_frame is not None  # late rows are made from it
             for late in late_rows:
                 tuples = rows_frame.where(late.isNotNull()).select(late.alias("_l"))
-                selected, (late_columns,) = shared.select(tuples, [(None, late_values)])
+                selected, (late_columns,) = shared.select([(None, _late_values(tuples.schema, late_names))])
                 branches.append(tuples.select(batch_part(F.col("_l._batch"), late_part).alias("_part"), *selected))
         for step in steps:
             parts[f"late:{step.batch}"] = Part(step.late_dir, late_columns, _arrow_schema(late_struct))
@@ -441,6 +457,16 @@ def _static_plan(spark: SparkSession) -> Iterator[None]:
             spark.conf.unset(_ADAPTIVE)
         else:
             spark.conf.set(_ADAPTIVE, before)
+
+
+def _late_values(struct: StructType, names: Sequence[str]) -> list[Value]:
+    """A late tuple's values in the ``late`` table's order, from the struct column ``_l`` of a frame
+    of ``struct`` (which also carries the batch that decided the tuple)."""
+    from pyspark.sql.types import StructType
+
+    late = struct["_l"].dataType
+    assert isinstance(late, StructType)
+    return fields_of(StructType([late[n] for n in names]), "_l.")
 
 
 def _arrow_schema(struct: StructType) -> bytes:

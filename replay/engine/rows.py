@@ -216,9 +216,10 @@ def _joined(
     decisions = _decision_frame(spark, reads, work, spark_paths, nkeys, bits, levels)
     located: list[Column] = []
     if bits is not None:
+        # The packed identity is the join's key expression: Spark evaluates it once per row, and
+        # the rows need no projection of their own before the join (one analysis less).
         identity = _packed(q(layout.origin_id), q(layout.sequence_number), q(layout.chunk_number), bits)
-        located.append(identity.alias("_id"))
-        on_identity = F.col("_id") == F.col("d_id")
+        on_identity = identity == F.col("d_id")
     else:
         on_identity = (
             (q(layout.origin_id).cast("long") == F.col("d_origin"))
@@ -231,7 +232,7 @@ def _joined(
     if level == 2:
         located.append(F.col("_metadata.row_index").alias("_row"))
         same_copy = same_copy & ((F.col("d_check") == 1) | F.col("_row").between(F.col("d_lo"), F.col("d_hi")))
-    joined = raw.select("*", *located).join(F.broadcast(decisions), on_identity)
+    joined = (raw.select("*", *located) if located else raw).join(F.broadcast(decisions), on_identity)
     if level >= 1:
         joined = joined.where((F.col("d_check") == 0) | same_copy)
     return joined

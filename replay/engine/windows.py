@@ -242,9 +242,9 @@ def partials(
     at, end = names.index("_n"), len(names) - len(extra)
     counted = [members.alias("_rows"), members.alias("_owned")] if each else [members.alias("_rows")]
     every = [F.col("_n").alias("_all")] if tuple_flag is not None else []
-    return _first_batch(
-        grouped.select(*names[:at], *counted, *names[at + 1 : end], late_n, *names[end:], *every), first_batch
-    )
+    # ``_first_batch``'s column in the same projection (one analysis of the plan less).
+    fb = [F.when(members > 0, F.lit(first_batch).cast("long")).alias("_fb")] if isinstance(first_batch, int) else []
+    return grouped.select(*names[:at], *counted, *names[at + 1 : end], late_n, *names[end:], *every, *fb)
 
 
 def _first_batch(grouped: DataFrame, first_batch: str | int | None) -> DataFrame:
@@ -297,20 +297,22 @@ def output_columns(specs: Sequence[WindowSpec], types: dict[str, DataType]) -> l
 
 
 def window_values(
-    spec: WindowSpec, cols: WindowColumns, columns: Sequence[tuple[str, DataType]]
-) -> tuple[list[tuple[str, Column]], dict[str, str | None]]:
+    spec: WindowSpec, cols: WindowColumns, columns: Sequence[tuple[str, DataType]], key_type: DataType
+) -> tuple[list[tuple[str, Column, DataType]], dict[str, str | None]]:
     """A ``windows`` table row from a merged partial row of ``spec``: the columns computed per window
-    (``key``, ``window_start`` and ``window_end`` as timestamps, and ``spec``'s aggregations of
-    ``columns``, cast to their type), and the ones equal on every row of ``spec`` (``window``,
-    ``wm_key``, and null for the aggregations of ``columns`` that ``spec`` does not have)."""
+    (``key``, of ``key_type``; ``window_start`` and ``window_end`` as timestamps, and ``spec``'s
+    aggregations of ``columns``, cast to their type), each with its type, and the ones equal on
+    every row of ``spec`` (``window``, ``wm_key``, and null for the aggregations of ``columns``
+    that ``spec`` does not have)."""
     from pyspark.sql import functions as F
+    from pyspark.sql.types import TimestampType
 
     mine = {agg.output_name: _final(agg, i, cols) for i, agg in enumerate(spec.aggregations)}
     values = [
-        ("key", F.col("key")),
-        ("window_start", F.timestamp_micros("window_start")),
-        ("window_end", F.timestamp_micros(window_end(F.col("window_start"), spec))),
-        *[(name, mine[name].cast(data_type)) for name, data_type in columns if name in mine],
+        ("key", F.col("key"), key_type),
+        ("window_start", F.timestamp_micros("window_start"), TimestampType()),
+        ("window_end", F.timestamp_micros(window_end(F.col("window_start"), spec)), TimestampType()),
+        *[(name, mine[name].cast(data_type), data_type) for name, data_type in columns if name in mine],
     ]
     constants: dict[str, str | None] = {"window": spec.name, "wm_key": spec.wm_key}
     constants |= {name: None for name, _ in columns if name not in mine}

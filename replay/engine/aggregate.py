@@ -260,24 +260,22 @@ def run_pass(
             )
             if ride:
                 assert metrics is not None
-                grouped_counts: list[tuple[str, Column]] = []
+                # Sums over the groups, as SQL text: one py4j call each instead of six or seven
+                # (``docs/performance.md``: building the query's expressions is mostly py4j calls).
+                summed = [(name, f"`_c_{name}`") for name, _ in terms]
                 if from_groups:
-                    punctuation = F.when(F.col("window_start") == F.lit(PUNCTUATION_START), F.col("_all"))
-                    grouped_counts = [
-                        ("rows", F.col("_all")),
-                        ("tuples", F.col("_all") - F.coalesce(punctuation, F.lit(0))),
-                        ("late0", F.col("_late_n")),
-                        ("on0", F.col("_rows")),
+                    punctuation = f"CASE WHEN window_start = {PUNCTUATION_START}L THEN _all END"
+                    summed += [
+                        ("rows", "_all"),
+                        ("tuples", f"_all - coalesce({punctuation}, 0L)"),
+                        ("late0", "_late_n"),
+                        ("on0", "_rows"),
                     ]
                 fresh = fresh.observe(
                     metrics,
                     *[
-                        F.coalesce(F.sum(f"_c_{name}"), F.lit(0)).cast("long").alias(f"{name}_{suffix}")
-                        for name, _ in terms
-                    ],
-                    *[
-                        F.coalesce(F.sum(column), F.lit(0)).cast("long").alias(f"{name}_{suffix}")
-                        for name, column in grouped_counts
+                        F.expr(f"CAST(coalesce(sum({value}), 0L) AS BIGINT) AS `{name}_{suffix}`")
+                        for name, value in summed
                     ],
                 )
                 if not derive:

@@ -309,15 +309,22 @@ def footer_digest(path: str) -> str | None:
 
 
 class FileCache:
-    """Per-file scan records kept in a directory (``<checkpoint>/scan-cache``): one Parquet file
-    per archive file, whose metadata holds the key it was made under; and beside it the content
-    hashes of the file's copies that had to be hashed (a buffer archived more than once), so
-    that a run reading the file again never reads its payload again either."""
+    """Per-file scan records kept in a directory (``<checkpoint>/scan-cache``): one Arrow IPC file
+    (LZ4-compressed) per archive file, whose schema metadata holds the key it was made under; and
+    beside it the content hashes of the file's copies that had to be hashed (a buffer archived more
+    than once), so that a run reading the file again never reads its payload again either.
+
+    Arrow's own format, not Parquet: every run reads every entry, and an entry is a few hundred
+    records of some twenty columns, where a Parquet reader's set-up per column chunk dominated
+    (40 entries: 26 ms as Parquet, 8.5 ms as LZ4-compressed Arrow, in fewer bytes)."""
+
+    _SUFFIX = ".arrow"
+    _COMPRESSION = "lz4"
 
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def _entry(self, path: str, suffix: str = ".parquet") -> Path:
+    def _entry(self, path: str, suffix: str = _SUFFIX) -> Path:
         return self.root / (hashlib.sha256(path.encode()).hexdigest()[:32] + suffix)
 
     @classmethod
@@ -325,20 +332,22 @@ class FileCache:
         return cls.key_of(path, columns.digest())
 
     def get(self, path: str, columns: ScanColumns) -> pa.Table | None:
-        import pyarrow.parquet as pq
+        import pyarrow.ipc as ipc
 
         key = self.key(path, columns)
         entry = self._entry(path)
         if key is None or not entry.exists():
             return None
         try:
-            table = pq.ParquetFile(entry).read()  # not ``read_table``: no dataset discovery, 40 % less
+            with pa.OSFile(str(entry)) as source:
+                table = ipc.open_file(source).read_all()
         except (OSError, pa.ArrowException):
-            return None
+            return None  # unreadable (a crash mid-write of another version): scan the file again
         if (table.schema.metadata or {}).get(b"replay.cache_key", b"").decode() != key:
             return None
         try:
-            return table.replace_schema_metadata(None).cast(columns.record_schema())
+            table, schema = table.replace_schema_metadata(None), columns.record_schema()
+            return table if table.schema.equals(schema) else table.cast(schema)
         except (ValueError, pa.ArrowException):
             return None  # written by another version with other columns: scan the file again
 
@@ -386,7 +395,7 @@ class FileCache:
         return f"{path}|{st.st_size}|{st.st_mtime_ns}|{footer}|{digest}"
 
     def put(self, path: str, columns: ScanColumns, records: pa.Table) -> None:
-        import pyarrow.parquet as pq
+        import pyarrow.ipc as ipc
 
         key = self.key(path, columns)
         if key is None:
@@ -395,8 +404,12 @@ class FileCache:
         table = records.replace_schema_metadata({"replay.cache_key": key})
         entry = self._entry(path)
         tmp = entry.with_suffix(".tmp")
-        pq.write_table(table, tmp)
+        options = ipc.IpcWriteOptions(compression=self._COMPRESSION)
+        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema, options=options) as writer:
+            writer.write_table(table)
         os.replace(tmp, entry)
+        # An entry an earlier version kept as Parquet is not read any more.
+        self._entry(path, ".parquet").unlink(missing_ok=True)
 
 
 def scan_records(

@@ -166,6 +166,35 @@ def test_the_file_cache_skips_known_files_and_rescans_a_file_rewritten_in_place(
     assert sorted(b.sequence for b in rewritten.buffers if b.origin == 2) == [1, 2, 3]
 
 
+def test_a_cache_entry_cut_short_or_left_as_parquet_is_scanned_again(tmp_path: Path, spark: Any) -> None:
+    from replay.engine.scan import FileCache
+
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    pq.write_table(_rows(1, [1, 2], [1, 2, 3, 4]), archive / "a.parquet")
+    pq.write_table(_rows(2, [1], [5, 6]), archive / "b.parquet")
+    config = parse_config({"archive": str(archive)} | SHORT_COLUMNS)
+    cache = FileCache(tmp_path / "cache")
+
+    def scan() -> Any:
+        return scan_buffers(spark, inspect_schema(config), config, cache=cache)
+
+    first = scan()
+    entries = sorted((tmp_path / "cache").glob("*.arrow"))
+    assert len(entries) == 2
+    # An entry cut short (a crash while another version wrote it): that file is read again.
+    entries[0].write_bytes(entries[0].read_bytes()[:100])
+    again = scan()
+    assert again.files_scanned == 1 and again.buffers == first.buffers
+    # An entry an earlier version kept as Parquet is not read, and goes when the file is cached again.
+    old = entries[1].with_suffix(".parquet")
+    entries[1].rename(old)
+    renewed = scan()
+    assert renewed.files_scanned == 1 and renewed.buffers == first.buffers
+    assert not old.exists() and entries[1].exists()
+    assert scan().files_scanned == 0
+
+
 def test_content_is_compared_only_for_identities_with_several_copies(tmp_path: Path, spark: Any) -> None:
     archive = tmp_path / "archive"
     archive.mkdir()

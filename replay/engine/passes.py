@@ -27,6 +27,7 @@ __all__ = [
     "buffer_copy_id",
     "checksum_bits",
     "copy_id",
+    "copy_ids",
 ]
 
 _MASK63 = (1 << 63) - 1
@@ -40,6 +41,20 @@ def copy_id(origin: int, sequence: int, chunk: int, file: str, row_start: int) -
 
 def buffer_copy_id(buf: Buffer) -> int:
     return copy_id(buf.origin, buf.sequence, buf.chunk, buf.file, buf.row_start)
+
+
+def copy_ids(buffers: PackedBuffers) -> list[int]:
+    """Every buffer's ``buffer_copy_id``, from the packed columns (no ``Buffer`` object each: a
+    batch of 13k buffers in about half the time)."""
+    names = buffers.files
+    files = [names[i] for i in buffers.file_of.tolist()]
+    columns = [buffers.column(name).tolist() for name in ("origin", "sequence", "chunk")]
+    starts = buffers.column("row_start").tolist()
+    blake2b = hashlib.blake2b
+    return [
+        int.from_bytes(blake2b(f"{o}/{s}/{c}/{f}/{r}".encode(), digest_size=8).digest(), "big") & _MASK63
+        for o, s, c, f, r in zip(*columns, files, starts, strict=True)
+    ]
 
 
 def checksum_bits(rows: int) -> int:

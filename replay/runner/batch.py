@@ -23,6 +23,8 @@ into the open windows, dropping windows the committed batches already emitted.
 
 from __future__ import annotations
 
+import functools
+import operator
 import os
 import signal
 import uuid
@@ -37,7 +39,7 @@ from replay.core.progress import Decision, ProgressSnapshot
 from replay.engine.aggregate import run_pass
 from replay.engine.archive import ArchiveLayout
 from replay.engine.buffers import release_arrow_memory
-from replay.engine.passes import PassWork, Read, Reads, Step, WorkResult, buffer_copy_id, copy_id
+from replay.engine.passes import PassWork, Read, Reads, Step, WorkResult, buffer_copy_id, copy_id, copy_ids
 from replay.engine.schemas import table_schemas
 from replay.runner.dedup import other_copies
 from replay.runner.ledger import Ledger, account, check_ledger, ledger_row
@@ -174,14 +176,14 @@ def _plan(ctx: RunContext, state: State, batch_in: Batch, batch: int) -> tuple[_
     engine = state.engine
     engine.join({k: sorted(v) for k, v in batch_in.join.items()})
     before = tuple(k.effective_watermark for k in engine.snapshot().keys)
-    buffers = list(batch_in.buffers)  # objects for this batch only (a run keeps them packed)
-    input_ids: dict[tuple[int, int, int], int] = {}  # each input copy's id, computed once
-    input_xor = 0
-    for buf in buffers:
-        identity = buf.identity
-        state.pending[identity] = buf
-        input_ids[identity] = cid = buffer_copy_id(buf)
-        input_xor ^= cid
+    packed = batch_in.buffers
+    buffers = list(packed)  # objects for this batch only (a run keeps them packed)
+    identities = list(zip(*(packed.column(name).tolist() for name in ("origin", "sequence", "chunk")), strict=True))
+    ids = copy_ids(packed)
+    state.pending.update(zip(identities, buffers, strict=True))
+    input_ids = dict(zip(identities, ids, strict=True))  # each input copy's id, computed once
+    input_xor = functools.reduce(operator.xor, ids, 0)
+    del identities, ids
     decisions: list[Decision] = engine.feed(buffers)
     del buffers
     if batch_in.finish:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replay.core.buffer import Buffer
-from replay.engine.passes import Read, Reads, buffer_copy_id, checksum_bits
+from replay.core.buffer import Buffer, PackedBuffers
+from replay.engine.passes import Read, Reads, buffer_copy_id, checksum_bits, copy_ids
 
 _TIME = st.none() | st.integers(min_value=-5, max_value=5)
 
@@ -103,3 +103,13 @@ def test_check_levels_on_the_columns_agree_with_check_level(reads: list[Read], d
     packed = Reads.of(reads, nkeys=2)
     work = PassWork(reads=packed, steps=[], floor=(), open_state={}, state_dirs={}, counts_dir="", checked=checked)
     assert work.check_levels().tolist() == [work.check_level(r.buf) for r in reads]
+
+
+@given(_reads(), _reads())
+def test_copy_ids_from_the_packed_columns_are_each_buffers_copy_id(first: list[Read], second: list[Read]) -> None:
+    # Two packings concatenated: the files are positions in a shared list, as a run's batches have them.
+    packed = PackedBuffers.concat(
+        [PackedBuffers.of((r.buf for r in first), 2), PackedBuffers.of((r.buf for r in second), 2)]
+    )
+    assert copy_ids(packed) == [buffer_copy_id(buf) for buf in packed]
+    assert copy_ids(packed[1:]) == [buffer_copy_id(buf) for buf in packed[1:]]

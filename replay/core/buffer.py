@@ -128,6 +128,13 @@ class Buffer:
         n = (len(self._packed) - _HEAD.size) // 24
         return _keys(n).unpack_from(self._packed, _HEAD.size)
 
+    def head(self) -> tuple[int, int, int, int | None, bool, bool]:
+        """``(origin, sequence, chunk, ingest, last_chunk, idle)`` from one unpacking: what the
+        progress engine reads of every buffer it is fed (each property unpacks on its own)."""
+        origin, sequence, chunk, _, _, _, ingest, flags = _HEAD.unpack_from(self._packed)
+        time = None if ingest == _NULL else ingest
+        return origin, sequence, chunk, time, bool(flags & _LAST_CHUNK), bool(flags & _IDLE)
+
     @property
     def origin(self) -> int:
         return _HEAD.unpack_from(self._packed)[0]  # type: ignore[no-any-return]

@@ -89,16 +89,17 @@ class ProgressEngine(ProgressState):
         self._floor = list(self.global_wm)  # a batch begins: ``finish`` decides against this too
         if self.mode != Lateness.ARRIVAL:
             for buf in buffers:
-                self._apply(buf, decisions)
+                self._apply(buf, buf.head(), decisions)
             self._coalesce()
             return decisions
         origins = self._origins
         for buf in buffers:
-            ingest = buf.ingest
+            head = buf.head()  # one unpacking of what is read of every buffer
+            origin, sequence, chunk, ingest, _, idle = head
             if ingest is None:
                 raise BadBufferError(
                     "arrival-mode lateness needs an ingest_ts on every buffer",
-                    where=Location(file=buf.file, origin=buf.origin, sequence=buf.sequence, chunk=buf.chunk),
+                    where=Location(file=buf.file, origin=origin, sequence=sequence, chunk=chunk),
                     todo="use 'lateness: origin', or fix the archiver so every buffer has an ingest_ts",
                     code="archive.null_metadata",
                 )
@@ -106,20 +107,16 @@ class ProgressEngine(ProgressState):
                 raise ValueError("arrival mode needs buffers in arrival order; sort them with arrival_order()")
             if self._first_ingest is None:
                 self._first_ingest = ingest
-            decisions.append(self._decide(buf, self.global_wm, BEHIND_GLOBAL))
-            before = origins.get(buf.origin)
+            decisions.append(self._decide(origin, sequence, chunk, self.global_wm, BEHIND_GLOBAL))
+            before = origins.get(origin)
             # G's inputs change only when this origin's prefix moves, its idleness may change
             # (it was idle, is seen for the first time, or sends an idle marker), or the clock
             # passes an idle deadline; otherwise G stays (coalescing is idempotent).
-            moved = before is None or before.last_ingest is None or buf.idle or self._idle(before)
+            moved = before is None or before.last_ingest is None or idle or self._idle(before)
             prefix, wm = (before.prefix, before.wm) if before is not None else (0, [])
-            self._apply(buf, decisions)
+            self._apply(buf, head, decisions)
             self._clock = ingest
-            if (
-                moved
-                or ingest >= self._deadline
-                or (origins[buf.origin].prefix != prefix and self._may_lift(buf.origin, wm))
-            ):
+            if moved or ingest >= self._deadline or (origins[origin].prefix != prefix and self._may_lift(origin, wm)):
                 self._coalesce()
         return decisions
 
@@ -170,7 +167,7 @@ class ProgressEngine(ProgressState):
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _decide(self, buf: Buffer, watermarks: Sequence[int], reason: str) -> Decision:
+    def _decide(self, origin: int, sequence: int, chunk: int, watermarks: Sequence[int], reason: str) -> Decision:
         """Thresholds ``watermark - allowed_lateness`` per key: ``G_k`` (arrival) or ``W_k(o, s - 1)`` (origin).
 
         In origin mode the threshold is never below ``G_k`` as it stood when the batch began (for
@@ -196,15 +193,18 @@ class ProgressEngine(ProgressState):
             reasons = self._reasons.setdefault(shared, shared)
             self._decided = (list(watermarks), thresholds, reasons) if reason != BEHIND_ORIGIN else None
         return Decision(
-            origin=buf.origin,
-            sequence=buf.sequence,
-            chunk=buf.chunk,
+            origin=origin,
+            sequence=sequence,
+            chunk=chunk,
             thresholds=thresholds,
             reasons=reasons,
         )
 
-    def _apply(self, buf: Buffer, decisions: list[Decision]) -> None:
-        origin, seq, chunk = buf.identity
+    def _apply(
+        self, buf: Buffer, head: tuple[int, int, int, int | None, bool, bool], decisions: list[Decision]
+    ) -> None:
+        """Feed ``buf``, whose ``Buffer.head`` is ``head``."""
+        origin, seq, chunk, ingest, last_chunk, idle = head
         state = self._state(origin)
         if seq <= state.prefix or chunk in state.pending.get(seq, {}):
             raise BadBufferError(
@@ -214,17 +214,17 @@ class ProgressEngine(ProgressState):
                 code="progress.buffer_seen_twice",
             )
         state.pending.setdefault(seq, {})[chunk] = buf
-        if buf.last_chunk:
+        if last_chunk:
             state.last[seq] = chunk
         if seq > state.max_seq:
             state.max_seq = seq
         if state.cut is None or (seq, chunk) > state.cut:
             state.cut = (seq, chunk)
         if self.mode == Lateness.ARRIVAL:
-            state.last_ingest = buf.ingest
-            state.idle_marker = buf.idle
+            state.last_ingest = ingest
+            state.idle_marker = idle
         elif seq == state.prefix + 1 and state.blocked is None:
-            decisions.append(self._decide(buf, state.wm, BEHIND_ORIGIN))
+            decisions.append(self._decide(origin, seq, chunk, state.wm, BEHIND_ORIGIN))
         while state.blocked is None and self._complete(state, state.prefix + 1):
             self._enter(state, state.prefix + 1, decisions, closed=False)
 
@@ -282,8 +282,8 @@ class ProgressEngine(ProgressState):
         state.prefix = seq
         state.wm = new_wm
         if self.mode == Lateness.ORIGIN:
-            for buf in sorted(state.pending.get(seq + 1, {}).values(), key=lambda b: b.chunk):
-                decisions.append(self._decide(buf, state.wm, BEHIND_ORIGIN))
+            for chunk, _ in sorted(state.pending.get(seq + 1, {}).items()):
+                decisions.append(self._decide(state.id, seq + 1, chunk, state.wm, BEHIND_ORIGIN))
 
     def _idle(self, state: OriginState) -> bool:
         if self.mode != "arrival":

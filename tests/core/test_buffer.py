@@ -22,6 +22,7 @@ def test_every_field_reads_back(fields: dict[str, Any]) -> None:
     buf = Buffer(**fields)
     assert buf.fields() == fields
     assert buf.identity == (fields["origin"], fields["sequence"], fields["chunk"])
+    assert buf.head() == (*buf.identity, fields["ingest"], fields["last_chunk"], fields["idle"])
     assert pickle.loads(pickle.dumps(buf)) == buf
     assert buf.replace() == buf and hash(buf.replace()) == hash(buf)
 

@@ -232,10 +232,10 @@ def _joined(
     if level == 2:
         located.append(F.col("_metadata.row_index").alias("_row"))
         same_copy = same_copy & ((F.col("d_check") == 1) | F.col("_row").between(F.col("d_lo"), F.col("d_hi")))
-    joined = (raw.select("*", *located) if located else raw).join(F.broadcast(decisions), on_identity)
     if level >= 1:
-        joined = joined.where((F.col("d_check") == 0) | same_copy)
-    return joined
+        # In the join's condition, where Spark's optimizer puts it anyway (one analysis less).
+        on_identity = on_identity & ((F.col("d_check") == 0) | same_copy)
+    return (raw.select("*", *located) if located else raw).join(F.broadcast(decisions), on_identity)
 
 
 def reported_path(input_file: Column) -> Column:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +137,9 @@ def _rows(origin: int, sequences: list[int], values: list[int]) -> pa.Table:
     )
 
 
-def test_the_file_cache_skips_known_files_and_rescans_a_file_rewritten_in_place(tmp_path: Path, spark: Any) -> None:
+def _cached_archive(tmp_path: Path, spark: Any) -> tuple[Path, Callable[[], Any]]:
+    """An archive of two files (origins 1 and 2, three buffers) and a scan of it through a file
+    cache under ``tmp_path / "cache"``."""
     from replay.engine.scan import FileCache
 
     archive = tmp_path / "archive"
@@ -149,6 +152,11 @@ def test_the_file_cache_skips_known_files_and_rescans_a_file_rewritten_in_place(
     def scan() -> Any:
         return scan_buffers(spark, inspect_schema(config), config, cache=cache)
 
+    return archive, scan
+
+
+def test_the_file_cache_skips_known_files_and_rescans_a_file_rewritten_in_place(tmp_path: Path, spark: Any) -> None:
+    archive, scan = _cached_archive(tmp_path, spark)
     first = scan()
     assert first.files_scanned == 2 and len(first.buffers) == 3
     again = scan()
@@ -167,18 +175,7 @@ def test_the_file_cache_skips_known_files_and_rescans_a_file_rewritten_in_place(
 
 
 def test_a_cache_entry_cut_short_or_left_as_parquet_is_scanned_again(tmp_path: Path, spark: Any) -> None:
-    from replay.engine.scan import FileCache
-
-    archive = tmp_path / "archive"
-    archive.mkdir()
-    pq.write_table(_rows(1, [1, 2], [1, 2, 3, 4]), archive / "a.parquet")
-    pq.write_table(_rows(2, [1], [5, 6]), archive / "b.parquet")
-    config = parse_config({"archive": str(archive)} | SHORT_COLUMNS)
-    cache = FileCache(tmp_path / "cache")
-
-    def scan() -> Any:
-        return scan_buffers(spark, inspect_schema(config), config, cache=cache)
-
+    _, scan = _cached_archive(tmp_path, spark)
     first = scan()
     entries = sorted((tmp_path / "cache").glob("*.arrow"))
     assert len(entries) == 2

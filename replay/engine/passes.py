@@ -50,11 +50,7 @@ def copy_ids(buffers: PackedBuffers) -> list[int]:
     files = [names[i] for i in buffers.file_of.tolist()]
     columns = [buffers.column(name).tolist() for name in ("origin", "sequence", "chunk")]
     starts = buffers.column("row_start").tolist()
-    blake2b = hashlib.blake2b
-    return [
-        int.from_bytes(blake2b(f"{o}/{s}/{c}/{f}/{r}".encode(), digest_size=8).digest(), "big") & _MASK63
-        for o, s, c, f, r in zip(*columns, files, starts, strict=True)
-    ]
+    return [copy_id(o, s, c, f, r) for o, s, c, f, r in zip(*columns, files, starts, strict=True)]
 
 
 def checksum_bits(rows: int) -> int:

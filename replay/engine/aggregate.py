@@ -73,6 +73,7 @@ if TYPE_CHECKING:
 __all__ = ["read_open", "run_pass"]
 
 _ADAPTIVE = "spark.sql.adaptive.enabled"
+_TIMES = "_times"  # a late group's value: how many times its tuple occurs (``Part.repeat``)
 
 
 def run_pass(
@@ -139,7 +140,8 @@ def run_pass(
     # Said so, Spark tests nothing per row.
     decided = F.col("d_batch") > 0 if carried else F.lit(True)
     late_names = [f.name for f in late_struct.fields]
-    late_columns: tuple[tuple[str, str], ...] = ()  # where the union has a late tuple's values
+    late_columns: list[tuple[str, str]] = []  # where the union has a late tuple's values
+    late_repeat: str | None = None  # the union's column of how many times a late row occurs (else once)
     late_rows: list[Column] = []  # per key: the row's ``late`` table values where it is late for it, else null
     if candidates and rows_frame is not None:
         for i, key in enumerate(layout.keys):
@@ -328,14 +330,11 @@ def run_pass(
             merged = merged.where(after_floor)
         # Computed once per row: a pass of many batches makes it a long ``CASE``, and every shared
         # value column tests it.
-        added = {"_due": due_part(end, steps, i, {step.batch: ids[f"windows:{s}:{step.batch}"] for step in steps})}
-        if late_here:
-            # A late tuple's group is one row: repeated as many times as the tuple occurs.
-            late_n = F.when(F.col("_late").isNull(), 1).otherwise(F.col("_late_n")).cast("int")
-            added["_l"] = F.explode(F.array_repeat(F.col("_late"), late_n))
-        merged = merged.withColumns(added)
+        merged = merged.withColumn(
+            "_due", due_part(end, steps, i, {step.batch: ids[f"windows:{s}:{step.batch}"] for step in steps})
+        )
         due = F.col("_due")
-        hidden = ("_fb", "_late", "_late_n", "_rb", "_due", "_l", *counts_of, *spent)
+        hidden = ("_fb", "_late", "_late_n", "_rb", "_due", *counts_of, *spent)
         merged_struct = merged.schema  # the types of the values below (no projection analysed for them)
         state_fields = [f for f in merged_struct.fields if f.name not in hidden]
         part = F.coalesce(due, F.lit(ids[f"open:{s}"]))
@@ -345,9 +344,12 @@ def run_pass(
             (due.isNull(), fields_of(StructType(state_fields))),
         ]
         if late_here:
-            is_late = F.col("_l").isNotNull()
-            part = F.when(is_late, batch_part(F.col("_l._batch"), late_part)).otherwise(part)
-            kinds.insert(0, (is_late, _late_values(merged_struct, late_names)))
+            # A late tuple's group is one row, with how many times the tuple occurs (``_late_n``):
+            # the sink writes it that many times (``Part.repeat``), so no row is repeated in Spark.
+            is_late = F.col("_late").isNotNull()
+            part = F.when(is_late, batch_part(F.col("_late._batch"), late_part)).otherwise(part)
+            times: Value = (_TIMES, F.col("_late_n"), merged_struct["_late_n"].dataType)
+            kinds.insert(0, (is_late, [*_late_values(merged_struct, late_names, "_late"), times]))
         if rest:
             # A batch's rows outside every window (a group of their own, ``_rb``: the batch) are its counts.
             is_rest = F.col("_rb").isNotNull()
@@ -377,7 +379,7 @@ def run_pass(
                 work.counts_dir, by_kind.pop(0), bytes(pa.schema([(n, pa.int64()) for n in counted]).serialize())
             )
         if late_here:
-            late_columns = by_kind.pop(0)
+            *late_columns, (late_repeat, _) = by_kind.pop(0)  # the count is the last value
         window_columns, state_columns = by_kind
         for step in steps:
             parts[f"windows:{s}:{step.batch}"] = Part(
@@ -400,10 +402,13 @@ def run_pass(
             assert rows_frame is not None  # late rows are made from it
             for late in late_rows:
                 tuples = rows_frame.where(late.isNotNull()).select(late.alias("_l"))
-                selected, (late_columns,) = shared.select([(None, _late_values(tuples.schema, late_names))])
+                selected, (placed,) = shared.select([(None, _late_values(tuples.schema, late_names, "_l"))])
+                late_columns = list(placed)  # a row per late tuple: each written once
                 branches.append(tuples.select(batch_part(F.col("_l._batch"), late_part).alias("_part"), *selected))
         for step in steps:
-            parts[f"late:{step.batch}"] = Part(step.late_dir, late_columns, _arrow_schema(late_struct))
+            parts[f"late:{step.batch}"] = Part(
+                step.late_dir, tuple(late_columns), _arrow_schema(late_struct), repeat=late_repeat
+            )
 
     if not branches:
         return {step.batch: WorkResult(specs={spec.name: SpecCounts() for spec in specs}) for step in steps}
@@ -457,14 +462,14 @@ def _static_plan(spark: SparkSession) -> Iterator[None]:
             spark.conf.set(_ADAPTIVE, before)
 
 
-def _late_values(struct: StructType, names: Sequence[str]) -> list[Value]:
-    """A late tuple's values in the ``late`` table's order, from the struct column ``_l`` of a frame
-    of ``struct`` (which also carries the batch that decided the tuple)."""
+def _late_values(struct: StructType, names: Sequence[str], column: str) -> list[Value]:
+    """A late tuple's values in the ``late`` table's order, from the struct column ``column`` of a
+    frame of ``struct`` (which also carries the batch that decided the tuple)."""
     from pyspark.sql.types import StructType
 
-    late = struct["_l"].dataType
+    late = struct[column].dataType
     assert isinstance(late, StructType)
-    return fields_of(StructType([late[n] for n in names]), "_l.")
+    return fields_of(StructType([late[n] for n in names]), f"{column}.")
 
 
 def _arrow_schema(struct: StructType) -> bytes:

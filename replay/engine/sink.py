@@ -39,13 +39,17 @@ RESULT_SCHEMA = "part string, file string, rows long, owned long, firsts string"
 @dataclass(frozen=True, slots=True)
 class Part:
     """One destination: its directory, the frame's columns it takes (``(source, name)``), the
-    Arrow schema (IPC-serialized) its files are written with, and the value of each of the
-    schema's other columns on every row (``(name, value)``; ``None``: null)."""
+    Arrow schema (IPC-serialized) its files are written with, the value of each of the
+    schema's other columns on every row (``(name, value)``; ``None``: null), and the frame's
+    column holding how many times each row is written (``None``: once). A row that stands for
+    several equal ones (a late tuple that occurs more than once) is repeated by the writer: in
+    Spark it would cost an array and an ``explode`` on every row of the frame."""
 
     directory: str
     columns: tuple[tuple[str, str], ...]
     schema: bytes
     constants: tuple[tuple[str, str | None], ...] = ()
+    repeat: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +87,20 @@ def sink(
         ids[name]: (name, p.directory, dict((out, src) for src, out in p.columns), p.schema, dict(p.constants))
         for name, p in parts.items()
     }
+    repeats = {ids[name]: p.repeat for name, p in parts.items() if p.repeat is not None}
+
+    def repeated(table: pa.Table, times: pa.ChunkedArray) -> pa.Table:
+        """``table`` with each row ``times`` times (null: once), in order."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        counts = pc.fill_null(times, 1).cast(pa.int64()).combine_chunks()
+        if pc.all(pc.equal(counts, 1)).as_py() is not False:
+            return table
+        # The parent index of each element of lists of those lengths: row i, ``counts[i]`` times.
+        offsets = pa.concat_arrays([pa.array([0], pa.int64()), pc.cumulative_sum(counts)])
+        lists = pa.LargeListArray.from_arrays(offsets, pa.nulls(offsets[-1].as_py()))
+        return table.take(pc.list_parent_indices(lists))
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import json
@@ -112,6 +130,8 @@ def sink(
             if not slices:
                 return
             chunk = pa.Table.from_batches(slices)
+            if part in repeats:
+                chunk = repeated(chunk, chunk.column(repeats[part]))
             name, directory, sources, _, constants = plan[part]
             schema = schemas[part]
             n = chunk.num_rows

@@ -364,6 +364,11 @@ class PackedBuffers(Sequence[Buffer]):
         ``tuples``, ``rows``, ``ingest``; ``NULL_TIME`` for a missing time), a view."""
         return self._records[name]
 
+    def identities(self) -> list[tuple[int, int, int]]:
+        """Every buffer's ``(origin, sequence, chunk)``, from the packed columns (no ``Buffer`` each)."""
+        columns = (self._records[name].tolist() for name in ("origin", "sequence", "chunk"))
+        return list(zip(*columns, strict=True))
+
     def watermark_column(self, key: int) -> npt.NDArray[np.int64]:
         """Key ``key``'s watermark of every buffer (``NULL_TIME``: none), a view."""
         return self._records[f"t{key}"]

@@ -254,9 +254,8 @@ class PassWork:
         levels = np.zeros(len(buffers), dtype=np.int32)
         if not self.checked:
             return levels
-        columns = (buffers.column(name).tolist() for name in ("origin", "sequence", "chunk"))
         checked = self.checked
-        for at, identity in enumerate(zip(*columns, strict=True)):
+        for at, identity in enumerate(buffers.identities()):
             if identity in checked:
                 levels[at] = self.check_level(buffers[at])
         return levels

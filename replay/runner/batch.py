@@ -178,7 +178,7 @@ def _plan(ctx: RunContext, state: State, batch_in: Batch, batch: int) -> tuple[_
     before = tuple(k.effective_watermark for k in engine.snapshot().keys)
     packed = batch_in.buffers
     buffers = list(packed)  # objects for this batch only (a run keeps them packed)
-    identities = list(zip(*(packed.column(name).tolist() for name in ("origin", "sequence", "chunk")), strict=True))
+    identities = packed.identities()
     ids = copy_ids(packed)
     state.pending.update(zip(identities, buffers, strict=True))
     input_ids = dict(zip(identities, ids, strict=True))  # each input copy's id, computed once

@@ -135,6 +135,8 @@ def test_packed_buffers_are_the_buffers_they_were_made_of(buffers: list[Buffer],
     at = data.draw(st.lists(st.integers(0, max(len(buffers) - 1, 0)), max_size=10)) if buffers else []
     assert list(packed.take(at)) == [buffers[i] for i in at]
     assert packed.column("tuples").tolist() == [b.tuples for b in buffers]
+    assert packed.identities() == [b.identity for b in buffers]
+    assert packed[lo:hi].identities() == [b.identity for b in buffers[lo:hi]]
     for key in range(2):
         expected = [NULL_TIME if b.watermarks[key] is None else b.watermarks[key] for b in buffers]
         assert packed.watermark_column(key).tolist() == expected

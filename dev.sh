@@ -61,6 +61,13 @@ setup() {
     # Bytecode is compiled once at install: machines that set PYTHONDONTWRITEBYTECODE would otherwise
     # compile Airflow, Spark and Great Expectations from source in every new process.
     .tools/bin/uv sync --frozen --all-extras --compile-bytecode --python "$python" --quiet
+    # Spark's JVM starts from a class-data archive of the classes it loads (seconds less per command
+    # and per test that starts one): made once per Java runtime, in .venv (REPLAY_JVM_ARCHIVE names
+    # another file, or 'off'). Without it runs work, their JVM starts slower.
+    if [ "${REPLAY_JVM_ARCHIVE:-}" != "off" ]; then
+        .venv/bin/replay jvm-archive --if-missing >/dev/null ||
+            echo "dev.sh: no JVM class-data archive was made; Spark's JVM starts without one" >&2
+    fi
 }
 
 cmd=${1:-help}

@@ -179,14 +179,16 @@ def structured_streaming(
     return _result("structured streaming", tuples, end - start, output_rows, extra)
 
 
-def _session(shuffle_partitions: int) -> SparkSession:
-    """One embedded ``local[*]`` session: UTC, no UI, ``shuffle_partitions`` shuffle partitions."""
+def _session(shuffle_partitions: int, java_options: str = "") -> SparkSession:
+    """One embedded ``local[*]`` session: UTC, no UI, ``shuffle_partitions`` shuffle partitions;
+    ``java_options``: more driver JVM options (``--java-options``)."""
     from pyspark.sql import SparkSession
 
     import replay
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    log_config = Path(replay.__file__).with_name("log4j2.properties")
+    log_config = Path(replay.__file__).parent / "engine" / "log4j2.properties"
+    options = f"-Dlog4j2.configurationFile={log_config.as_uri()} {java_options}"
     spark = (
         SparkSession.builder.appName("replay-baselines")
         .master("local[*]")
@@ -194,7 +196,7 @@ def _session(shuffle_partitions: int) -> SparkSession:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log_config.as_uri()}")
+        .config("spark.driver.extraJavaOptions", options.strip())
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
@@ -229,11 +231,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--only", choices=("batch", "streaming"), default=None, help="run one baseline (a cold run in its own process)"
     )
+    parser.add_argument(
+        "--java-options",
+        default="",
+        help="more driver JVM options: '-XX:SharedArchiveFile=FILE' starts the JVM from the class-data "
+        "archive of 'replay jvm-archive', as replay's own runs do once it exists",
+    )
     options = parser.parse_args(argv)
     if not options.archive.is_dir():
         parser.error(f"{options.archive} is not a directory")
     start = time.perf_counter()
-    spark = _session(options.shuffle_partitions)
+    spark = _session(options.shuffle_partitions, options.java_options)
     print(f"SparkSession start: {time.perf_counter() - start:.1f} s", flush=True)
     rows: list[tuple[int, BaselineResult]] = []
     try:

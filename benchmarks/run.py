@@ -1,8 +1,12 @@
 """Benchmarks (measurements, never timed tests).
 
-Run with ``./dev.sh bench [inspect|inspect-warm|run|floor|resume|fixed|scale] [--sizes TUPLES:TUPLES_PER_BUFFER ...]``.
+Run with ``./dev.sh bench [inspect|inspect-warm|run|cold|floor|resume|fixed|scale]
+[--sizes TUPLES:TUPLES_PER_BUFFER ...]``.
 
 ``resume``: a resume after 10 and after 1,000 committed batches (``benchmarks/resume.py``).
+
+``cold``: ``replay run`` against the plain batch and Structured Streaming, each command in its own
+process, with and without the JVM's class-data archive (``benchmarks/cold.py``).
 
 ``fixed``: the fixed cost of a micro-batch, fit over 1, 10 and 100 batches of the 1M archive;
 ``scale``: ``replay run`` cold on growing archives, time and peak driver memory
@@ -375,7 +379,7 @@ def main() -> None:
         "what",
         nargs="?",
         default="inspect",
-        choices=["inspect", "inspect-warm", "run", "floor", "resume", "fixed", "scale"],
+        choices=["inspect", "inspect-warm", "run", "cold", "floor", "resume", "fixed", "scale"],
     )
     parser.add_argument(
         "--sizes",
@@ -405,6 +409,11 @@ def main() -> None:
             table = bench_scale(sizes, archive, _run_config, measure)
     elif options.what == "run":
         table = bench_run(sizes, repeats=options.repeats)
+    elif options.what == "cold":
+        sys.path.insert(0, str(ROOT))
+        from cold import bench_cold
+
+        table = bench_cold(sizes, archive, measure, options.repeats)
     elif options.what == "floor":
         table = bench_floor(sizes)
     elif options.what == "inspect":

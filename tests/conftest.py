@@ -49,6 +49,8 @@ def spark() -> Iterator[object]:
     """The one local SparkSession of a test run (2 cores, small shuffles, UTC)."""
     from pyspark.sql import SparkSession
 
+    from replay.engine.spark import driver_java_options
+
     # Python workers (the scan and the batch pass's writer) run this interpreter, as replay.engine.spark sets it.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     session = (
@@ -61,6 +63,7 @@ def spark() -> Iterator[object]:
         .config("spark.python.sql.dataFrameDebugging.enabled", "false")  # as replay.engine.spark sets it
         .config("spark.default.parallelism", "2")
         .config("spark.driver.memory", "2g")
+        .config("spark.driver.extraJavaOptions", driver_java_options())  # the JVM archive, where there is one
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -237,7 +237,7 @@ class ReplayRunOperator(BaseOperator):
 
         import replay
         from replay.core.timeutil import format_ts
-        from replay.engine.spark import driver_java_options
+        from replay.engine.spark import driver_java_options, with_job_conf
 
         python = sys.executable
         with tempfile.TemporaryDirectory(prefix="replay-submit-") as tmp:
@@ -251,7 +251,7 @@ class ReplayRunOperator(BaseOperator):
             ti = context["ti"]
             hook = SparkSubmitHook(
                 conn_id=self.conn_id,
-                conf={"spark.driver.extraJavaOptions": driver_java_options(), **job.config.spark.conf},
+                conf=with_job_conf({"spark.driver.extraJavaOptions": driver_java_options()}, job.config.spark.conf),
                 name=f"replay {ti.dag_id} {ti.run_id}",
                 application_args=args,
                 env_vars={

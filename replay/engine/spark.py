@@ -12,7 +12,7 @@ import shutil
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,10 +24,19 @@ if TYPE_CHECKING:
 
     from replay.core.config import SparkSettings
 
-__all__ = ["check_java", "driver_arrow_memory", "driver_java_options", "follow_cores", "get_session", "job_progress"]
+__all__ = [
+    "check_java",
+    "driver_arrow_memory",
+    "driver_java_options",
+    "follow_cores",
+    "get_session",
+    "job_progress",
+    "with_job_conf",
+]
 
 _MIN_SPLITS = "spark.sql.files.minPartitionNum"
 _SHUFFLE = "spark.sql.shuffle.partitions"
+_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 _CHOSEN = "spark.replay.chosen."  # + a key: the value ``get_session`` chose for it (``follow_cores``)
 
 _DEFAULTS = {
@@ -76,13 +85,16 @@ def check_java() -> None:
 
 
 def driver_java_options() -> str:
-    """The driver's JVM options Replay sets: its log4j2 configuration (warnings and errors only).
+    """The driver's JVM options Replay sets: its log4j2 configuration (warnings and errors only),
+    and the class-data archive when ``replay jvm-archive`` made one (``replay.engine.jvm_archive``).
 
     spark-submit callers pass it as ``--conf spark.driver.extraJavaOptions=...``: the JVM is
     started before Replay's code runs.
     """
+    from replay.engine.jvm_archive import java_options
+
     log_config = Path(__file__).with_name("log4j2.properties")
-    return f"-Dlog4j2.configurationFile={log_config.as_uri()}"
+    return f"-Dlog4j2.configurationFile={log_config.as_uri()} {java_options()}".strip()
 
 
 def get_session(settings: SparkSettings | None = None, *, app_name: str = "replay") -> SparkSession:
@@ -114,9 +126,9 @@ def get_session(settings: SparkSettings | None = None, *, app_name: str = "repla
             # An embedded driver talks to itself only: bind to loopback instead of guessing an interface.
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = builder.master(master)
-        conf["spark.driver.extraJavaOptions"] = driver_java_options()
+        conf[_JAVA_OPTIONS] = driver_java_options()
     if settings is not None:
-        conf.update(settings.conf)
+        conf = with_job_conf(conf, settings.conf)
     for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
@@ -126,6 +138,16 @@ def get_session(settings: SparkSettings | None = None, *, app_name: str = "repla
             session.conf.set(key, value)
             session.conf.set(_CHOSEN + key, value)
     return session
+
+
+def with_job_conf(conf: Mapping[str, str], given: Mapping[str, str]) -> dict[str, str]:
+    """Replay's session settings ``conf`` with the job's ``given`` ones: the job's stand, except
+    that its driver JVM options come after Replay's (the JVM takes the last of two that conflict)
+    instead of replacing them."""
+    merged = {**conf, **given}
+    if _JAVA_OPTIONS in conf and _JAVA_OPTIONS in given:
+        merged[_JAVA_OPTIONS] = f"{conf[_JAVA_OPTIONS]} {given[_JAVA_OPTIONS]}".strip()
+    return merged
 
 
 def _per_core(session: SparkSession) -> dict[str, str]:

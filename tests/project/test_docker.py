@@ -163,6 +163,14 @@ def test_dockerfile_uses_the_supported_stack_and_the_lock_file() -> None:
     assert ("ENTRYPOINT", '["replay"]') in steps
 
 
+def test_the_image_holds_the_jvm_archive_its_containers_start_from() -> None:
+    """``./dev.sh setup`` makes the JVM's class-data archive (``replay jvm-archive``) in the environment it
+    sets up (``.venv``, in the image), unless the image switched it off or moved it elsewhere."""
+    assert "replay jvm-archive --if-missing" in (ROOT / "dev.sh").read_text()
+    steps = instructions(ROOT / "docker" / "Dockerfile")
+    assert not [arg for op, arg in steps if op == "ENV" and "REPLAY_JVM_ARCHIVE" in arg]
+
+
 def test_the_image_holds_every_package_the_project_builds_before_setting_it_up() -> None:
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"][
         "packages"

@@ -1,0 +1,144 @@
+"""Cold runs: each command in its own process, as a user runs it (the JVM's start-up included).
+
+``replay run`` on a fresh checkpoint, in one batch against the plain Spark batch and in about 20
+micro-batches against Structured Streaming with ``maxFilesPerTrigger`` 2
+(``benchmarks/baselines.py --only batch|streaming``), same archive, same aggregation, shuffle
+partitions 2. Replay runs with the JVM class-data archive ``replay jvm-archive`` made (as it starts
+once the archive exists) and without it (``REPLAY_JVM_ARCHIVE=off``); the baselines run as users
+run them, and with the same archive (``--java-options``) for the engines' comparison on an equal
+start. The commands run round-robin: one untimed round, then ``repeats`` rounds; medians.
+
+Run as ``./dev.sh bench cold [--sizes 10000000:1000] [--repeats 3]``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["bench_cold"]
+
+ROOT = Path(__file__).resolve().parent
+_JOB = {
+    "windows": [
+        {
+            "name": "per_minute",
+            "size": "60s",
+            "aggregations": [
+                {"fn": "count"},
+                {"fn": "sum", "column": "value"},
+                {"fn": "min", "column": "value"},
+                {"fn": "max", "column": "value"},
+            ],
+        }
+    ],
+    "spark": {"conf": {"spark.sql.shuffle.partitions": "2"}},
+}
+
+
+def bench_cold(
+    sizes: list[tuple[int, int]],
+    archive: Callable[..., Path],
+    measure: Callable[[list[str]], tuple[float, int, int, str]],
+    repeats: int = 3,
+) -> str:
+    from replay.engine.jvm_archive import archive_path, java_options, usable
+
+    jsa = archive_path()
+    if jsa is None:
+        raise SystemExit("REPLAY_JVM_ARCHIVE is 'off': unset it to compare runs with and without the JVM archive")
+    if not usable(jsa):
+        print(f"making the JVM archive ({jsa})", flush=True)
+        subprocess.run([str(Path(sys.executable).with_name("replay")), "jvm-archive"], check=True)
+    with_archive = java_options()
+    python = sys.executable
+    replay = str(Path(python).with_name("replay"))
+    rows = [
+        "| tuples | command | JVM archive | wall s (median) | rounds s | against | ratio (throughput) |",
+        "| ---: | --- | --- | ---: | --- | --- | ---: |",
+    ]
+    for tuples, buffer_tuples in sizes:
+        path = archive(tuples, buffer_tuples, files=40)
+        work = Path(tempfile.mkdtemp(prefix="replay-cold-"))
+        try:
+            job = work / "job.yaml"
+            job.write_text(
+                yaml.safe_dump(
+                    _JOB | {"archive": str(path), "output": str(work / "out"), "checkpoint": str(work / "ckpt")}
+                )
+            )
+            buffers = _buffers(path)
+            per_batch = str(max(1, -(-buffers // 20)))
+            baseline = [python, str(ROOT / "baselines.py"), str(path), "--runs", "1"]
+            off = ["env", "REPLAY_JVM_ARCHIVE=off"]
+            commands: dict[str, list[str]] = {
+                "replay 1 batch": [replay, "run", "-c", str(job)],
+                "replay 1 batch, no archive": [*off, replay, "run", "-c", str(job)],
+                "plain batch": [*baseline, "--only", "batch"],
+                "plain batch, archive": [*baseline, "--only", "batch", "--java-options", with_archive],
+                "replay ~20 batches": [replay, "run", "-c", str(job), "--max-buffers", per_batch],
+                "replay ~20 batches, no archive": [*off, replay, "run", "-c", str(job), "--max-buffers", per_batch],
+                "streaming ~20 triggers": [*baseline, "--only", "streaming", "--max-files-per-trigger", "2"],
+                "streaming ~20 triggers, archive": [
+                    *baseline,
+                    "--only",
+                    "streaming",
+                    "--max-files-per-trigger",
+                    "2",
+                    "--java-options",
+                    with_archive,
+                ],
+            }
+            timed: dict[str, list[float]] = {}
+            for attempt in range(repeats + 1):  # round 0 warms the page cache and is not counted
+                for name, args in commands.items():
+                    shutil.rmtree(work / "out", ignore_errors=True)
+                    shutil.rmtree(work / "ckpt", ignore_errors=True)
+                    seconds, _, _, _ = measure(args)
+                    print(f"  {name} (round {attempt}): {seconds:.1f} s", flush=True)
+                    if attempt:
+                        timed.setdefault(name, []).append(seconds)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        mid = {name: statistics.median(values) for name, values in timed.items()}
+        pairs = {
+            "replay 1 batch": ("plain batch", "plain batch, archive"),
+            "replay 1 batch, no archive": ("plain batch",),
+            "replay ~20 batches": ("streaming ~20 triggers", "streaming ~20 triggers, archive"),
+            "replay ~20 batches, no archive": ("streaming ~20 triggers",),
+        }
+        for name, values in timed.items():
+            against = pairs.get(name, ())
+            uses = "no" if "no archive" in name or (not name.startswith("replay") and "archive" not in name) else "yes"
+            rounds = ", ".join(f"{v:.1f}" for v in values)
+            if not against:
+                rows.append(f"| {tuples:,} | {name} | {uses} | {mid[name]:.1f} | {rounds} | | |")
+            for other in against:
+                rows.append(
+                    f"| {tuples:,} | {name} | {uses} | {mid[name]:.1f} | {rounds} | {other} "
+                    f"| {mid[other] / mid[name]:.2f} |"
+                )
+    return "\n".join(rows)
+
+
+def _buffers(path: Path) -> int:
+    """The archive's number of buffer identities, from its metadata columns (pyarrow, no Spark)."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(str(path), format="parquet").to_table(columns=["origin_id", "sequence_number", "chunk_number"])
+    keys: Any = table.group_by(["origin_id", "sequence_number", "chunk_number"]).aggregate([])
+    return int(pc.count(keys.column(0)).as_py()) if len(keys) else 0
+
+
+if __name__ == "__main__":  # pragma: no cover - run through benchmarks/run.py
+    os.execv(sys.executable, [sys.executable, str(ROOT / "run.py"), "cold", *sys.argv[1:]])

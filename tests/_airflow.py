@@ -49,8 +49,10 @@ class AirflowHome:
         return env
 
     def run(
-        self, *args: str, check: bool = True, timeout: float = 600, env: dict[str, str] | None = None
+        self, *args: str, check: bool = True, timeout: float = 900, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
+        # ``timeout`` guards against a hang, it checks no speed: on a loaded 2-core machine the
+        # standalone cluster's DAG run, beside the suite's other background work, took over 600 s.
         result = subprocess.run(
             [str(AIRFLOW), *args],
             env=self.env(**(env or {})),

@@ -89,7 +89,8 @@ def test_the_job_s_driver_options_come_after_replay_s() -> None:
 @dataclass(frozen=True)
 class Made:
     path: Path
-    made: subprocess.CompletedProcess[str]
+    work: Path
+    made: subprocess.CompletedProcess[str] | None  # None: the environment's archive was there
     used: subprocess.CompletedProcess[str]
     classes: list[str]  # the class-load log of a JVM started with the archive
 
@@ -107,51 +108,71 @@ session.stop()
 
 @_background.register("jvm-archive")
 def _make_and_use() -> Made:
-    """``replay jvm-archive`` into a file of its own, then a JVM started by ``get_session`` with it,
-    logging where each class came from."""
+    """The archive ``./dev.sh setup`` made for this environment, else one ``replay jvm-archive`` makes
+    into a file of its own; then a JVM started by ``get_session`` with it, logging where each class
+    came from."""
     work = Path(tempfile.mkdtemp(prefix="replay-jvm-archive-test-"))
-    path = work / "spark.jsa"
-    env = os.environ | {ENV: str(path)}
-    made = subprocess.run(
-        [sys.executable, "-m", "replay", "jvm-archive"], env=env, capture_output=True, text=True, check=False
-    )
+    made: subprocess.CompletedProcess[str] | None = None
+    path = archive_path()
+    if path is None or not usable(path):
+        path = work / "spark.jsa"
+        made = subprocess.run(
+            [sys.executable, "-m", "replay", "jvm-archive", "--path", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     log = work / "classes.log"
     used = subprocess.run(
-        [sys.executable, "-c", _SESSION, str(log)], env=env, capture_output=True, text=True, check=False
+        [sys.executable, "-c", _SESSION, str(log)],
+        env=os.environ | {ENV: str(path)},
+        capture_output=True,
+        text=True,
+        check=False,
     )
-    return Made(path, made, used, log.read_text().splitlines() if log.exists() else [])
+    return Made(path, work, made, used, log.read_text().splitlines() if log.exists() else [])
 
 
 @pytest.mark.background("jvm-archive")
-def test_a_jvm_started_with_the_archive_maps_spark_s_classes_from_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_jvm_started_with_the_archive_maps_spark_s_classes_from_it() -> None:
     done: Made = _background.result("jvm-archive")
     try:
-        _check(done, monkeypatch)
+        if done.made is not None:
+            assert done.made.returncode == 0, done.made.stderr[-3000:]
+            assert done.made.stdout.strip() == str(done.path)
+            assert not list(done.path.parent.glob(".*.tmp"))  # written under a temporary name, then moved
+        assert usable(done.path)
+        assert done.used.returncode == 0, done.used.stderr[-3000:]
+        # The dynamic archive is the top layer of the JVM's shared classes (the JDK's own is the base).
+        mapped = [line for line in done.classes if "source: shared objects file (top)" in line]
+        spark_classes = [line for line in mapped if " org.apache.spark." in line]
+        assert len(spark_classes) > 1000, (len(mapped), done.classes[:20])
+        assert any(" org.apache.spark.sql.SparkSession " in line for line in spark_classes)
     finally:
-        shutil.rmtree(done.path.parent, ignore_errors=True)  # the archive is large (about 180 MiB)
+        shutil.rmtree(done.work, ignore_errors=True)  # an archive made here is large (about 180 MiB)
 
 
-def _check(done: Made, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert done.made.returncode == 0, done.made.stderr[-3000:]
-    assert done.made.stdout.strip() == str(done.path)
-    assert usable(done.path)
-    assert not list(done.path.parent.glob(".*.tmp"))  # written under a temporary name, then moved
-    assert done.used.returncode == 0, done.used.stderr[-3000:]
-    # The dynamic archive is the top layer of the JVM's shared classes (the JDK's own is the base).
-    mapped = [line for line in done.classes if "source: shared objects file (top)" in line]
-    spark_classes = [line for line in mapped if " org.apache.spark." in line]
-    assert len(spark_classes) > 1000, (len(mapped), done.classes[:20])
-    assert any(" org.apache.spark.sql.SparkSession " in line for line in spark_classes)
+def test_a_recording_writes_the_archive_whole_with_its_record(tmp_path: Path) -> None:
+    target = tmp_path / "jvm" / "spark.jsa"
+    writes = "import sys; open(sys.argv[1], 'wb').write(b'x' * 4096)"
+    created = jvm_archive.create(target, [sys.executable, "-c", writes])
+    assert created.path == target and created.size == 4096 and created.seconds > 0
+    assert sorted(p.name for p in target.parent.iterdir()) == ["spark.jsa", "spark.jsa.json"]
+    assert usable(target)
 
-    # Asked again with the archive in place: nothing is made; then removed, record and all.
-    monkeypatch.setenv(ENV, str(done.path))
-    before = done.path.stat().st_mtime_ns
+
+def test_the_command_keeps_a_usable_archive_and_removes_it_with_its_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _recorded(tmp_path / "spark.jsa", b"x" * 100)
+    monkeypatch.setenv(ENV, str(path))
+    before = path.stat().st_mtime_ns
     kept = CliRunner().invoke(app, ["jvm-archive", "--if-missing"])
-    assert kept.exit_code == 0 and kept.stdout.strip() == str(done.path)
-    assert done.path.stat().st_mtime_ns == before
+    assert kept.exit_code == 0 and kept.stdout.strip() == str(path)
+    assert path.stat().st_mtime_ns == before and usable(path)  # nothing was made again
     removed = CliRunner().invoke(app, ["jvm-archive", "--remove"])
-    assert removed.exit_code == 0 and not done.path.exists()
-    assert not done.path.with_name(done.path.name + ".json").exists()
+    assert removed.exit_code == 0 and removed.stdout.strip() == str(path)
+    assert sorted(tmp_path.iterdir()) == []
 
 
 def test_making_an_archive_when_it_is_switched_off_says_so(monkeypatch: pytest.MonkeyPatch) -> None:

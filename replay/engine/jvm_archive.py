@@ -101,7 +101,7 @@ def java_options() -> str:
     """The driver JVM's options that map the archive, or ``""`` when there is none to use."""
     try:
         path = archive_path()
-    except (OSError, RuntimeError):  # no home directory to find the cache in: start without it
+    except (OSError, RuntimeError):  # the Java binary or Spark's jars could not be read: start without it
         return ""
     if path is None or not usable(path):
         return ""

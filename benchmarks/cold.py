@@ -28,40 +28,27 @@ import yaml
 __all__ = ["bench_cold"]
 
 ROOT = Path(__file__).resolve().parent
-_JOB = {
-    "windows": [
-        {
-            "name": "per_minute",
-            "size": "60s",
-            "aggregations": [
-                {"fn": "count"},
-                {"fn": "sum", "column": "value"},
-                {"fn": "min", "column": "value"},
-                {"fn": "max", "column": "value"},
-            ],
-        }
-    ],
-    "spark": {"conf": {"spark.sql.shuffle.partitions": "2"}},
-}
 
 
 def bench_cold(
     sizes: list[tuple[int, int]],
     archive: Callable[..., Path],
+    run_settings: Callable[..., Any],
     measure: Callable[[list[str]], tuple[float, int, int, str]],
     repeats: int = 3,
 ) -> str:
+    """``run_settings(archive, work, max_buffers)``: the job of ``bench run`` (``run._run_config``)."""
     from replay.engine.jvm_archive import archive_path, java_options, usable
 
     jsa = archive_path()
     if jsa is None:
         raise SystemExit("REPLAY_JVM_ARCHIVE is 'off': unset it to compare runs with and without the JVM archive")
-    if not usable(jsa):
-        print(f"making the JVM archive ({jsa})", flush=True)
-        subprocess.run([str(Path(sys.executable).with_name("replay")), "jvm-archive"], check=True)
-    with_archive = java_options()
     python = sys.executable
     replay = str(Path(python).with_name("replay"))
+    if not usable(jsa):
+        print(f"making the JVM archive ({jsa})", flush=True)
+        subprocess.run([replay, "jvm-archive"], check=True)
+    with_archive = java_options()
     rows = [
         "| tuples | command | JVM archive | wall s (median) | rounds s | against | ratio (throughput) |",
         "| ---: | --- | --- | ---: | --- | --- | ---: |",
@@ -70,37 +57,33 @@ def bench_cold(
         path = archive(tuples, buffer_tuples, files=40)
         work = Path(tempfile.mkdtemp(prefix="replay-cold-"))
         try:
+            config = run_settings(path, work, None).model_dump(mode="json")
+            config["spark"] = {"conf": {"spark.sql.shuffle.partitions": "2"}}
             job = work / "job.yaml"
-            job.write_text(
-                yaml.safe_dump(
-                    _JOB | {"archive": str(path), "output": str(work / "out"), "checkpoint": str(work / "ckpt")}
-                )
-            )
+            job.write_text(yaml.safe_dump(config))
             buffers = _buffers(path)
             per_batch = str(max(1, -(-buffers // 20)))
             baseline = [python, str(ROOT / "baselines.py"), str(path), "--runs", "1"]
             off = ["env", "REPLAY_JVM_ARCHIVE=off"]
-            commands: dict[str, list[str]] = {
-                "replay 1 batch": [replay, "run", "-c", str(job)],
-                "replay 1 batch, no archive": [*off, replay, "run", "-c", str(job)],
-                "plain batch": [*baseline, "--only", "batch"],
-                "plain batch, archive": [*baseline, "--only", "batch", "--java-options", with_archive],
-                "replay ~20 batches": [replay, "run", "-c", str(job), "--max-buffers", per_batch],
-                "replay ~20 batches, no archive": [*off, replay, "run", "-c", str(job), "--max-buffers", per_batch],
-                "streaming ~20 triggers": [*baseline, "--only", "streaming", "--max-files-per-trigger", "2"],
-                "streaming ~20 triggers, archive": [
-                    *baseline,
-                    "--only",
-                    "streaming",
-                    "--max-files-per-trigger",
-                    "2",
-                    "--java-options",
-                    with_archive,
-                ],
+            run_one = [replay, "run", "-c", str(job)]
+            run_many = [*run_one, "--max-buffers", per_batch]
+            plain = [*baseline, "--only", "batch"]
+            stream = [*baseline, "--only", "streaming", "--max-files-per-trigger", "2"]
+            given = ["--java-options", with_archive]
+            # name: (the command, whether its JVM starts from the archive)
+            commands: dict[str, tuple[list[str], bool]] = {
+                "replay 1 batch": (run_one, True),
+                "replay 1 batch, no archive": ([*off, *run_one], False),
+                "plain batch": (plain, False),
+                "plain batch, archive": ([*plain, *given], True),
+                "replay ~20 batches": (run_many, True),
+                "replay ~20 batches, no archive": ([*off, *run_many], False),
+                "streaming ~20 triggers": (stream, False),
+                "streaming ~20 triggers, archive": ([*stream, *given], True),
             }
             timed: dict[str, list[float]] = {}
             for attempt in range(repeats + 1):  # round 0 warms the page cache and is not counted
-                for name, args in commands.items():
+                for name, (args, _) in commands.items():
                     shutil.rmtree(work / "out", ignore_errors=True)
                     shutil.rmtree(work / "ckpt", ignore_errors=True)
                     seconds, _, _, _ = measure(args)
@@ -118,7 +101,7 @@ def bench_cold(
         }
         for name, values in timed.items():
             against = pairs.get(name, ())
-            uses = "no" if "no archive" in name or (not name.startswith("replay") and "archive" not in name) else "yes"
+            uses = "yes" if commands[name][1] else "no"
             rounds = ", ".join(f"{v:.1f}" for v in values)
             if not against:
                 rows.append(f"| {tuples:,} | {name} | {uses} | {mid[name]:.1f} | {rounds} | | |")

@@ -413,7 +413,7 @@ def main() -> None:
         sys.path.insert(0, str(ROOT))
         from cold import bench_cold
 
-        table = bench_cold(sizes, archive, measure, options.repeats)
+        table = bench_cold(sizes, archive, _run_config, measure, options.repeats)
     elif options.what == "floor":
         table = bench_floor(sizes)
     elif options.what == "inspect":

@@ -351,10 +351,9 @@ def jvm_archive(
         return
     target = path if path is not None else archives.archive_path()
     try:
-        if remove or (if_missing and target is not None and archives.usable(target)):
-            if remove and target is not None:
-                target.unlink(missing_ok=True)
-                target.with_name(target.name + ".json").unlink(missing_ok=True)
+        if target is not None and (remove or (if_missing and archives.usable(target))):
+            if remove:
+                archives.remove(target)
             typer.echo(str(target))
             return
         created = archives.create(target, [sys.executable, "-m", "replay", "jvm-archive", "--record-into"])

@@ -33,7 +33,17 @@ from pathlib import Path
 
 from replay.core.errors import ConfigError, Location
 
-__all__ = ["ENV", "Created", "archive_path", "create", "java_options", "recording_options", "usable", "wait_for_exit"]
+__all__ = [
+    "ENV",
+    "Created",
+    "archive_path",
+    "create",
+    "java_options",
+    "recording_options",
+    "remove",
+    "usable",
+    "wait_for_exit",
+]
 
 ENV = "REPLAY_JVM_ARCHIVE"  # a path, or "off"
 _OFF = "off"
@@ -95,6 +105,12 @@ def usable(path: Path) -> bool:
     if not isinstance(record, dict):
         return False
     return record.get("size") == stat.st_size and record.get("mtime_ns") == stat.st_mtime_ns
+
+
+def remove(path: Path) -> None:
+    """Delete the archive ``path`` and its record (record first: a file without one is never used)."""
+    _record(path).unlink(missing_ok=True)
+    path.unlink(missing_ok=True)
 
 
 def java_options() -> str:
@@ -186,5 +202,5 @@ def create(path: Path | None, recorder: Sequence[str]) -> Created:
             )
         os.replace(partial, target)
     stat = target.stat()
-    _record(target).write_text(json.dumps({"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "key": _key()}))
+    _record(target).write_text(json.dumps({"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}))
     return Created(path=target, size=stat.st_size, seconds=time.perf_counter() - began)

@@ -4,9 +4,10 @@ recomputation, and the ledger identity holds for every batch.
 **The recomputation** is a plain Spark batch over the version's archive files, written
 without the engine's code (no progress engine, no partials, no merging):
 
-1. copies: runs of consecutive rows of one buffer identity within a file (gaps and islands
-   over the row position); of an identity's copies the first by (``ingest_ts``, file, first
-   row) is kept, the others are duplicates;
+1. copies: runs of consecutive rows of one buffer identity within a file (a grouping where
+   an identity's rows in a file are consecutive, gaps and islands over the row position where
+   not); of an identity's copies the first by (``ingest_ts``, file, first row) is kept, the
+   others are duplicates;
 2. in origin mode, tuples of sequences beyond ``complete prefix + 1`` are still pending
    (their threshold is not known yet) and are left out;
 3. per window aggregation, tuples in the ``late`` table of its key are left out (lateness is a
@@ -36,10 +37,21 @@ __all__ = ["NAME", "expectations", "frame", "recompute"]
 
 NAME = "reconciliation"
 _IDENTITY = ("_o", "_s", "_c")
+#: Up to this many kept copies, the archive's rows meet them in a broadcast join (a copy's record
+#: is a few dozen bytes); beyond, in a join Spark plans as it sees fit.
+_BROADCAST_COPIES = 1_000_000
 
 
-def _kept_rows(inputs: SuiteInputs) -> tuple[DataFrame, DataFrame]:
-    """(the rows of kept copies, the rows of discarded copies), with ``_o, _s, _c`` identity columns."""
+def _kept_rows(inputs: SuiteInputs) -> tuple[DataFrame, dict[str, int]]:
+    """The rows of kept copies, with ``_o, _s, _c`` identity columns, and the tuples left out:
+    ``discarded`` (the other copies') and ``pending`` (in origin mode, of sequences beyond
+    ``complete prefix + 1``, whose threshold is not known yet; those rows are left out too).
+
+    Copies are found on the rows' file, position and identity alone, one record each with its row
+    range, kept in Spark's memory; the archive's rows are then matched to their kept copy by file,
+    identity and row range, a broadcast join while the kept copies are few enough: the wide rows
+    never go through a shuffle.
+    """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -52,16 +64,62 @@ def _kept_rows(inputs: SuiteInputs) -> tuple[DataFrame, DataFrame]:
         F.col(f"`{layout.sequence_number}`").cast("long").alias("_s"),
         F.col(f"`{layout.chunk_number}`").cast("long").alias("_c"),
     )
-    # Gaps and islands: within a run of consecutive rows of one identity, row - rank is constant.
-    rank = F.row_number().over(Window.partitionBy("_file", *_IDENTITY).orderBy("_row"))
-    rows = rows.withColumn("_island", F.col("_row") - rank)
-    copy = ["_file", *_IDENTITY, "_island"]
-    ingest = F.min(F.col(f"`{layout.ingest_ts}`")) if layout.ingest_ts else F.lit(0)
-    copies = rows.groupBy(*copy).agg(ingest.alias("_ingest"), F.min("_row").alias("_first"))
+    ingest = F.col(f"`{layout.ingest_ts}`") if layout.ingest_ts else F.lit(0)
+    narrow = rows.select("_file", "_row", *_IDENTITY, ingest.alias("_ingest"), _tuple_flag(layout).alias("_tuple"))
+    within = ["_file", *_IDENTITY]
+    stats = [
+        F.min("_ingest").alias("_ingest"),
+        F.min("_row").alias("_first"),
+        F.max("_row").alias("_last"),
+        F.sum(F.col("_tuple").cast("long")).alias("_tuples"),
+    ]
+    # An identity's rows in a file are one copy when they are consecutive (as many rows as their
+    # range spans): a grouping, no sort. Only where they are not (an identity archived twice in one
+    # file) are its rows numbered, gaps and islands: within a run of consecutive rows of one
+    # identity, row - rank is constant.
+    groups = narrow.groupBy(*within).agg(*stats, F.count(F.lit(1)).alias("_n")).localCheckpoint()
+    runs = F.col("_n") == F.col("_last") - F.col("_first") + 1
+    copies = groups.where(runs).drop("_n")
+    split = groups.where(~runs).select(*within)
+    if split.limit(1).count():
+        rank = F.row_number().over(Window.partitionBy(*within).orderBy("_row"))
+        islands = (
+            narrow.join(F.broadcast(split), within, "left_semi")
+            .withColumn("_island", F.col("_row") - rank)
+            .groupBy(*within, "_island")
+            .agg(*stats)
+            .drop("_island")
+        )
+        copies = copies.unionByName(islands)
     first = Window.partitionBy(*_IDENTITY).orderBy("_ingest", "_file", "_first")
-    copies = copies.withColumn("_kept", F.row_number().over(first) == 1).drop("_ingest", "_first")
-    rows = rows.join(copies, copy)
-    return rows.where("_kept"), rows.where("NOT _kept")
+    copies = copies.withColumn("_kept", F.row_number().over(first) == 1)
+    if inputs.mode == "origin":
+        prefix = {int(o["origin"]): int(o["complete_prefix"]) for o in inputs.manifest.origins or ()}
+        limit = F.create_map(*[x for o, p in prefix.items() for x in (F.lit(o), F.lit(p + 1))])
+        copies = copies.withColumn("_pending", F.col("_s") > F.coalesce(limit[F.col("_o")], F.lit(1)))
+    else:
+        copies = copies.withColumn("_pending", F.lit(False))
+    # Computed once, for the counts below and for the join (and not again for every metric GX asks).
+    copies = copies.select("_file", *_IDENTITY, "_first", "_last", "_tuples", "_kept", "_pending").localCheckpoint()
+    totals = copies.agg(
+        F.sum(F.when(~F.col("_kept"), F.col("_tuples"))).alias("discarded"),
+        F.sum(F.when(F.col("_kept") & F.col("_pending"), F.col("_tuples"))).alias("pending"),
+        F.sum(F.when(F.col("_kept") & ~F.col("_pending"), F.lit(1))).alias("kept"),
+    ).collect()[0]
+    left_out = {"discarded": int(totals["discarded"] or 0), "pending": int(totals["pending"] or 0)}
+    kept = copies.where(F.col("_kept") & ~F.col("_pending")).select(
+        *[F.col(c).alias(f"_k{c}") for c in ("_file", *_IDENTITY)], "_first", "_last"
+    )
+    if int(totals["kept"] or 0) <= _BROADCAST_COPIES:
+        kept = F.broadcast(kept)
+    match = (
+        (rows["_file"] == kept["_k_file"])
+        & (rows["_o"] == kept["_k_o"])
+        & (rows["_s"] == kept["_k_s"])
+        & (rows["_c"] == kept["_k_c"])
+        & rows["_row"].between(kept["_first"], kept["_last"])
+    )
+    return rows.join(kept, match).select(rows["*"]), left_out
 
 
 def _archive_micros(column: str, kind: str) -> Column:
@@ -147,15 +205,7 @@ def recompute(inputs: SuiteInputs) -> tuple[DataFrame, dict[str, int]]:
     from pyspark.sql import functions as F
 
     layout = inputs.layout
-    kept, discarded = _kept_rows(inputs)
-    is_tuple = _tuple_flag(layout)
-    left_out = {"discarded": discarded.where(is_tuple).count(), "pending": 0}
-    if inputs.mode == "origin":
-        prefix = {int(o["origin"]): int(o["complete_prefix"]) for o in inputs.manifest.origins or ()}
-        limit = F.create_map(*[x for o, p in prefix.items() for x in (F.lit(o), F.lit(p + 1))])
-        undecided = F.col("_s") > F.coalesce(limit[F.col("_o")], F.lit(1))
-        left_out["pending"] = kept.where(undecided & is_tuple).count()
-        kept = kept.where(~undecided)
+    kept, left_out = _kept_rows(inputs)
     late = inputs.tables["late"]
     late_kind = {k.name: k for k in layout.keys}
     frames = []

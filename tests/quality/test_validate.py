@@ -224,3 +224,36 @@ def test_the_data_docs_keep_a_bounded_history(
         counts.append((len(results), len(pages)))
     assert counts == [(1, 1), (2, 2), (2, 2)]
     assert (gx / "data_docs" / "local_site" / "index.html").is_file()
+
+
+def test_a_buffer_archived_twice_in_one_file_is_recomputed_once(tmp_path: Path, spark: Any) -> None:
+    """The recomputation tells a file's copies apart by runs of consecutive rows: a buffer whose second
+    copy sits later in the same file is one kept copy and one duplicate, as the engine has it."""
+    from replay import GenerateOptions, generate_archive, run
+    from tests.conftest import validated_job
+
+    archive = tmp_path / "archive"
+    generate_archive(
+        archive, GenerateOptions(origins=2, tuples=400, buffer_tuples=20, keys=3, seed=5, files=2, ingest_ts=False)
+    )
+    first = sorted(archive.glob("*.parquet"))[0]
+    table = pq.read_table(first)
+    same = pc.and_(
+        pc.and_(
+            pc.equal(table["origin_id"], table["origin_id"][0]),
+            pc.equal(table["sequence_number"], table["sequence_number"][0]),
+        ),
+        pc.equal(table["chunk_number"], table["chunk_number"][0]),
+    )
+    copy_rows = table.filter(same)
+    assert 0 < copy_rows.num_rows < table.num_rows
+    pq.write_table(pa.concat_tables([table, copy_rows]), first)  # the second copy after other buffers' rows
+
+    config = validated_job(archive, tmp_path)
+    summary = run(config, spark=spark)
+    assert summary.duplicate_copies == 1
+    assert config.output is not None
+    outcome = validate(config.output, suites=["reconciliation"], spark=spark)
+    assert not outcome.failures
+    (suite,) = outcome.record["suites"]
+    assert suite["name"] == "reconciliation" and suite["success"] and suite["evaluated"] >= 3

@@ -99,7 +99,8 @@ def _kept_rows(inputs: SuiteInputs) -> tuple[DataFrame, dict[str, int]]:
         copies = copies.withColumn("_pending", F.col("_s") > F.coalesce(limit[F.col("_o")], F.lit(1)))
     else:
         copies = copies.withColumn("_pending", F.lit(False))
-    # Computed once, for the counts below and for the join (and not again for every metric GX asks).
+    # Computed once for both the counts below and the join (GX persists the frame it validates, so the
+    # join itself runs once).
     copies = copies.select("_file", *_IDENTITY, "_first", "_last", "_tuples", "_kept", "_pending").localCheckpoint()
     totals = copies.agg(
         F.sum(F.when(~F.col("_kept"), F.col("_tuples"))).alias("discarded"),

@@ -297,6 +297,33 @@ def test_an_incompatible_configuration_is_refused_naming_the_fields(archive: Pat
     run(config.with_overrides(micro_batch={"max_buffers": 2}, retain=3), spark=spark)
 
 
+def test_a_run_gives_the_objects_it_froze_back_to_the_collector(
+    archive: Path, tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run leaves the objects alive when it starts out of Python's cyclic collections
+    (``gc.freeze``) and gives them back when it ends, also when it fails."""
+    import gc
+
+    from replay.runner import loop
+
+    during: list[int] = []
+    batches = loop.process
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        during.append(gc.get_freeze_count())
+        return batches(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "process", counted)
+    before = gc.get_freeze_count()
+    config = job(archive, tmp_path)
+    run(config, spark=spark)
+    assert during and min(during) > before
+    assert gc.get_freeze_count() == before
+    with pytest.raises(IncompatibleCheckpointError):
+        run(config.with_overrides(lateness="origin"), spark=spark)
+    assert gc.get_freeze_count() == before
+
+
 def _rows_where(lines: list[str], keep: Callable[[dict[str, Any]], bool]) -> list[str]:
     return [line for line in lines if keep(json.loads(line))]
 

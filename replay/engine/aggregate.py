@@ -328,12 +328,13 @@ def run_pass(
             if rest:
                 after_floor = after_floor | F.col("_rb").isNotNull()
             merged = merged.where(after_floor)
-        # Computed once per row: a pass of many batches makes it a long ``CASE``, and every shared
-        # value column tests it.
-        merged = merged.withColumn(
-            "_due", due_part(end, steps, i, {step.batch: ids[f"windows:{s}:{step.batch}"] for step in steps})
-        )
-        due = F.col("_due")
+        due = due_part(end, steps, i, {step.batch: ids[f"windows:{s}:{step.batch}"] for step in steps})
+        if len(steps) > 1:
+            # Computed once per row: a pass of many batches makes it a long ``CASE``, and every shared
+            # value column tests it. A pass of one batch tests one window end, in the branch's own
+            # projection (one analysis of the plan less).
+            merged = merged.withColumn("_due", due)
+            due = F.col("_due")
         hidden = ("_fb", "_late", "_late_n", "_rb", "_due", *counts_of, *spent)
         merged_struct = merged.schema  # the types of the values below (no projection analysed for them)
         state_fields = [f for f in merged_struct.fields if f.name not in hidden]

@@ -268,15 +268,13 @@ def pass_rows(
     joined = _sliced(spark, reads, schema, nkeys, work.checksum_bits) if _few_rows(reads) else None
     if joined is None:
         joined = _joined(spark, reads, work, layout, schema, spark_paths, nkeys)
-    raw = joined
     punctuation = q(layout.key).isNull()
-    events = []
-    for i, key in enumerate(layout.keys):
-        events.append(time_micros(raw, key.event_time, layout.time_columns[key.event_time]).alias(f"_ev{i}"))
-    joined = joined.select("*", *events)
+    # One projection (one analysis of the plan) for the event times and the flags made from them:
+    # the flags repeat the event time's expression, which Spark's generated code computes once per row.
+    events = [time_micros(joined, key.event_time, layout.time_columns[key.event_time]) for key in layout.keys]
     flags: list[Column] = []
     for i in range(nkeys):
-        ev = F.col(f"_ev{i}")
+        ev = events[i]
         punctuation = punctuation & ev.isNull()
         inside = ev.isNotNull()
         if range_start is not None:
@@ -288,4 +286,6 @@ def pass_rows(
             (inside & (ev >= F.col(f"d_thr{i}"))).alias(f"_on{i}"),
             (ev.isNotNull() & ~inside).alias(f"_out{i}"),
         ]
-    return joined.select("*", (~punctuation).alias("_tuple"), *flags)
+    return joined.select(
+        "*", *[ev.alias(f"_ev{i}") for i, ev in enumerate(events)], (~punctuation).alias("_tuple"), *flags
+    )

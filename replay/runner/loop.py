@@ -181,7 +181,7 @@ def run(
         if on_event is not None:
             on_event(step, done, total)
 
-    with _frozen_heap(), store.lock() as stale:
+    with _frozen_heap() as freezing, store.lock() as stale:
         identity = store.bind(fingerprint=fingerprint, fields=result_fields, output=output)
         runner = _Runner(
             config=config,
@@ -191,25 +191,31 @@ def run(
             range=(start, end),
             spark=spark,
             event=event,
+            freezing=freezing,
         )
         summary = runner.execute()
     return replace(summary, stale_lock=stale, seconds=time.perf_counter() - began)
 
 
 @contextmanager
-def _frozen_heap() -> Iterator[None]:
+def _frozen_heap() -> Iterator[bool]:
     """The objects alive when the run starts (the interpreter's modules, a caller's) left out of
-    Python's cyclic garbage collections for the run (``gc.freeze``; ``gc.unfreeze`` after it).
+    Python's cyclic garbage collections for the run (``gc.freeze``; ``gc.unfreeze`` after it);
+    yields whether the run does so.
 
     Planning a batch makes several objects per buffer, and every so often the collector walks every
     object the process holds, most of which outlive the run anyway. In a warm session (the
     benchmark's process) freezing them took the planning of a 13k-buffer batch from 0.30 to
     0.24 s (medians of six pairs; docs/performance.md). An object that dies is still freed when its
     last reference goes; only a cycle among the frozen ones waits for the run's end, when they
-    return to the collector."""
+    return to the collector. A process that froze objects itself (a server that forks workers
+    does, to keep their memory pages shared) keeps its arrangement: the run leaves it alone."""
+    if gc.get_freeze_count():
+        yield False
+        return
     gc.freeze()
     try:
-        yield
+        yield True
     finally:
         gc.unfreeze()
 
@@ -225,8 +231,10 @@ class _Runner:
         range: tuple[int | None, int | None],
         spark: SparkSession | None,
         event: Event,
+        freezing: bool = False,
     ) -> None:
         self.config = config
+        self._freezing = freezing  # the run freezes long-lived objects (``_frozen_heap``)
         self.store = store
         self.cid = str(identity["id"])
         self.output = output
@@ -244,7 +252,8 @@ class _Runner:
             from replay.engine.spark import get_session
 
             self._spark = get_session(self.config.spark)
-            gc.freeze()  # the session's objects, and PySpark's modules, live as long as the run (``_frozen_heap``)
+            if self._freezing:  # the session's objects, and PySpark's modules, live as long as the run
+                gc.freeze()
         return self._spark
 
     # -- the pieces ---------------------------------------------------------------------------

@@ -301,7 +301,8 @@ def test_a_run_gives_the_objects_it_froze_back_to_the_collector(
     archive: Path, tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A run leaves the objects alive when it starts out of Python's cyclic collections
-    (``gc.freeze``) and gives them back when it ends, also when it fails."""
+    (``gc.freeze``) and gives them back when it ends, also when it fails; objects the caller froze
+    stay frozen."""
     import gc
 
     from replay.runner import loop
@@ -322,6 +323,13 @@ def test_a_run_gives_the_objects_it_froze_back_to_the_collector(
     with pytest.raises(IncompatibleCheckpointError):
         run(config.with_overrides(lateness="origin"), spark=spark)
     assert gc.get_freeze_count() == before
+    gc.freeze()  # the caller's own
+    try:
+        frozen = gc.get_freeze_count()
+        run(config, spark=spark)
+        assert gc.get_freeze_count() >= frozen > before
+    finally:
+        gc.unfreeze()
 
 
 def _rows_where(lines: list[str], keep: Callable[[dict[str, Any]], bool]) -> list[str]:

@@ -231,7 +231,7 @@ class _Runner:
         range: tuple[int | None, int | None],
         spark: SparkSession | None,
         event: Event,
-        freezing: bool = False,
+        freezing: bool,
     ) -> None:
         self.config = config
         self._freezing = freezing  # the run freezes long-lived objects (``_frozen_heap``)

@@ -23,12 +23,12 @@ reaching the driver:
   state the pass carries out;
 - all of it is one union, written by one ``mapInArrow`` (``replay.engine.sink``) whose
   collected result is the pass's only Spark action. The ledger's counts ride along as observed
-  metrics: per batch in a pass of one batch (without carried copies, with one key and tumbling
-  windows, all but the copy checksum as sums over the first aggregation's groups, not its rows);
-  in a pass of several, for the whole pass, with one
+  metrics: per batch in a pass of one batch; in a pass of several, for the whole pass, with one
   group per batch of the rows outside every window, from which each batch's counts follow
   (``pass_counts.derives``, ``pass_counts.derived``); where they do not follow (several keys, sliding windows, a
-  backfill range), per batch in one more branch. A row of the union goes to one destination, so
+  backfill range), per batch in one more branch. Without carried copies, with one key and
+  tumbling windows, all but the copy checksum are sums over the first aggregation's groups, not
+  its rows. A row of the union goes to one destination, so
   the destinations share its value columns (``routing.Shared``).
 
 What comes back to the driver is small: per batch its row and tuple counts, a checksum
@@ -181,28 +181,28 @@ def run_pass(
     bounded = range_start is not None or range_end is not None
     terms, same = pass_counts.count_terms(specs, spec_cols, key_index, nkeys, bounded=bounded)
     terms = terms if rows_frame is not None else []
-    # In a pass of one batch that carries no copies, with one key whose late tuples ride in the first
-    # window aggregation and whose windows own every on-time tuple they hold (tumbling, no range),
-    # the late and on-time counts are the groups' own: a late group counts its late tuples, a
-    # window group its on-time members, and every row is the batch's. They are summed over the
-    # groups when observed, not over the rows in one more aggregate.
-    from_groups = (
-        len(steps) == 1
-        and not carried
-        and late_in_windows
-        and not bounded
-        and pass_counts.derives(specs, spec_cols, nkeys)
-    )
+    follows = pass_counts.derives(specs, spec_cols, nkeys)
+    # A pass of several batches whose batches' counts follow from the pass's totals (``pass_counts.derives``)
+    # counts like a pass of one batch, and splits the rows outside every window by batch.
+    derive = rows_frame is not None and len(steps) > 1 and follows
+    # In a pass that carries no copies, with one key whose late tuples ride in the first window
+    # aggregation and whose windows own every on-time tuple they hold (tumbling, no range), the
+    # late and on-time counts are the groups' own: a late group counts its late tuples, a window
+    # group its on-time members, and every row is the pass's. They are summed over the groups when
+    # observed, not over the rows in one more aggregate. In a pass of several batches the rows
+    # outside every window are then no late and no on-time tuple of any batch (a row is a window's
+    # member exactly when it is on time, and a late group's when it is late), so what
+    # ``pass_counts.derived`` takes from a batch's groups outside every window is their rows.
+    from_groups = not carried and late_in_windows and not bounded and follows
     if from_groups:
         # The copy checksum is the one count left over the rows; the rows and tuples are the
         # groups' counts of all their rows, less the punctuation rows' group for the tuples
         # (``windows.partials``' ``tuple_flag``).
         terms = [(name, value) for name, value in terms if name not in ("rows", "tuples", "late0", "on0")]
     terms = pass_counts.packed(terms, int(reads.column("rows").sum()))
-    # A pass of several batches whose batches' counts follow from the pass's totals (``pass_counts.derives``)
-    # counts like a pass of one batch, and splits the rows outside every window by batch.
-    derive = rows_frame is not None and len(steps) > 1 and pass_counts.derives(specs, spec_cols, nkeys)
-    counted = ["batch", *[name for name, _ in terms]]  # a counts row: the batch, then its sums
+    # A counts row: the batch, then its sums (with the counts from the groups, a batch's groups
+    # outside every window give their rows as well: ``_all``).
+    counted = ["batch", *[name for name, _ in terms], *(["rows"] if derive and from_groups else [])]
     metrics: Observation | None = None
     observed: DataFrame | None = None  # the rows with the batch's counts attached: in the plan exactly once
     ride: list[Column] = []  # the counts as extra aggregates of the first window aggregation's partials
@@ -298,7 +298,9 @@ def run_pass(
         if not pieces:
             continue
         rest = derive and s == 0  # this aggregation's groups carry each batch's counts
-        counts_of = [f"_c_{name}" for name, _ in terms] if rest else []
+        # The columns of a batch's counts on its groups outside every window, merged by sum.
+        counts_of = [f"_c_{name}" for name, _ in terms] + (["_all"] if from_groups else []) if rest else []
+        count_values = {n: f"_c_{n}" for n in counted[1:]} | ({"rows": "_all"} if from_groups else {})
         if late_here and previous is not None:
             late_type = pieces[-1].schema["_late"].dataType
             pieces[0] = pieces[0].withColumns({"_late": F.lit(None).cast(late_type), "_late_n": F.lit(0).cast("long")})
@@ -361,7 +363,7 @@ def run_pass(
                     is_rest,
                     [
                         ("batch", F.col("_rb"), merged_struct["_rb"].dataType),
-                        *[(n, F.col(f"_c_{n}"), merged_struct[f"_c_{n}"].dataType) for n in counted[1:]],
+                        *[(n, F.col(c), merged_struct[c].dataType) for n, c in count_values.items()],
                     ],
                 ),
             )

@@ -111,7 +111,9 @@ def derived(
 ) -> dict[str, int]:
     """Each batch's counts (``<name>_<batch>``) in a pass of several batches (``derives``), from
     what the pass observed over all its rows (``totals``: ``<name>_pass``), each batch's sums over
-    its rows outside every window (``outside``) and its rows written to the ``late`` table.
+    its rows outside every window (``outside``; a count absent there is 0: where the pass took its
+    counts from the groups, the rows outside every window hold no late and no on-time tuple, and
+    only their number is there) and its rows written to the ``late`` table.
 
     A batch's other rows are inside a window: on-time tuples that entered a window of every
     aggregation. Their number is the batch's rows (the scan's count of its copies) less the

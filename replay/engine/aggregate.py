@@ -200,9 +200,11 @@ def run_pass(
         # (``windows.partials``' ``tuple_flag``).
         terms = [(name, value) for name, value in terms if name not in ("rows", "tuples", "late0", "on0")]
     terms = pass_counts.packed(terms, int(reads.column("rows").sum()))
-    # A counts row: the batch, then its sums (with the counts from the groups, a batch's groups
-    # outside every window give their rows as well: ``_all``).
-    counted = ["batch", *[name for name, _ in terms], *(["rows"] if derive and from_groups else [])]
+    # A counts row: the batch, then its sums; by name, the column holding each on a batch's groups
+    # outside every window (``derive``), where they are merged by sum. With the counts from the
+    # groups, those groups give their rows as well (``_all``).
+    count_columns = {name: f"_c_{name}" for name, _ in terms} | ({"rows": "_all"} if derive and from_groups else {})
+    counted = ["batch", *count_columns]
     metrics: Observation | None = None
     observed: DataFrame | None = None  # the rows with the batch's counts attached: in the plan exactly once
     ride: list[Column] = []  # the counts as extra aggregates of the first window aggregation's partials
@@ -298,9 +300,7 @@ def run_pass(
         if not pieces:
             continue
         rest = derive and s == 0  # this aggregation's groups carry each batch's counts
-        # The columns of a batch's counts on its groups outside every window, merged by sum.
-        counts_of = [f"_c_{name}" for name, _ in terms] + (["_all"] if from_groups else []) if rest else []
-        count_values = {n: f"_c_{n}" for n in counted[1:]} | ({"rows": "_all"} if from_groups else {})
+        counts_of = list(count_columns.values()) if rest else []
         if late_here and previous is not None:
             late_type = pieces[-1].schema["_late"].dataType
             pieces[0] = pieces[0].withColumns({"_late": F.lit(None).cast(late_type), "_late_n": F.lit(0).cast("long")})
@@ -363,7 +363,7 @@ def run_pass(
                     is_rest,
                     [
                         ("batch", F.col("_rb"), merged_struct["_rb"].dataType),
-                        *[(n, F.col(c), merged_struct[c].dataType) for n, c in count_values.items()],
+                        *[(n, F.col(c), merged_struct[c].dataType) for n, c in count_columns.items()],
                     ],
                 ),
             )

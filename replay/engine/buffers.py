@@ -123,6 +123,7 @@ def scan_buffers(
     strict: bool = True,
     event_times: bool = True,
     cache: FileCache | None = None,
+    prefetched: tuple[pa.Table, int] | None = None,
 ) -> BufferScan:
     """Extract, check and deduplicate the archive's buffers.
 
@@ -131,7 +132,9 @@ def scan_buffers(
     the buffers' event time bounds are ``None``). The payload is read only for identities with
     more than one copy, to tell duplicates from conflicts. ``cache`` keeps per-file records.
     With ``strict`` (a run), a conflicting duplicate under ``on_conflict: fail`` raises;
-    without it (``replay inspect``) it is reported and the first copy is kept.
+    without it (``replay inspect``) it is reported and the first copy is kept. ``prefetched``: what
+    ``scan_records`` gave for ``layout``'s files with ``scan_columns(layout, event_times=...)``,
+    when the caller read them already (a run reads them while its SparkSession starts).
 
     Raises:
         BadBufferError: a null or out-of-range identity, metadata that differs within a buffer,
@@ -139,7 +142,7 @@ def scan_buffers(
         ConflictingDuplicateError: copies of one identity differ, under ``on_conflict: fail``.
     """
     columns = scan_columns(layout, event_times=event_times)
-    records, scanned = scan_records(spark, layout.files, columns, cache)
+    records, scanned = prefetched or scan_records(spark, layout.files, columns, cache)
     if not records.num_rows:
         raise EmptyArchiveError(
             f"the archive's {len(layout.files)} Parquet file(s) hold no rows",

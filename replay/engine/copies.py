@@ -5,10 +5,12 @@ Only identities with more than one copy are hashed (a buffer archived twice, or 
 it was replayed); the metadata scan (``replay.engine.scan``) reads the other columns of every copy,
 and ``replay.engine.buffers`` deduplicates by the hashes ``content_hashes`` gives.
 
-The hashing runs in Spark tasks like the scan: ``mapInArrow`` over the files that hold such copies,
-one file per task at a time, pyarrow inside. A task reads only the row groups around the copies'
-row ranges, checks that each range still holds its copy (the identity on every row of it, and not on
-the rows next to it), and returns one hash per copy: only the hashes reach the driver, never tuples.
+The hashing runs where the scan's reading runs (``replay.engine.scan.read_in_tasks``): on a cluster
+in Spark tasks, ``mapInArrow`` over the files that hold such copies, one file per task at a time,
+pyarrow inside; with a local master in the driver's threads. A reader decodes only the row groups
+around the copies' row ranges and keeps only the rows around each copy, checks that each range still
+holds its copy (the identity on every row of it, and not on the rows next to it), and gives one hash
+per copy: on a cluster only the hashes reach the driver, never tuples.
 
 A copy's content is its row and tuple counts, its last-chunk and idle flags, its watermark per key,
 and the multiset of its rows' payload values. Each row is encoded as bytes (every value
@@ -170,8 +172,9 @@ _HASH_BATCH_ROWS = 32_768  # rows decoded at a time when reading the rows around
 
 def hash_file_copies(path: str, copies: Sequence[tuple[int, int, int, int, int]], columns: _Columns) -> dict[int, str]:
     """The content hash of each copy ``(row_start, rows, origin, sequence, chunk)`` of the file at
-    ``path`` that still holds it, by first row; only the row groups around the copies are read, and
-    only up to the row after the last copy."""
+    ``path`` that still holds it, by first row. Only the row groups around the copies are read,
+    ``_HASH_BATCH_ROWS`` rows at a time and only up to the row after the last copy, and only the
+    rows around each copy are kept: a file's size never shows in the reader's memory."""
     import bisect
 
     parquet = open_parquet(path)
@@ -181,51 +184,53 @@ def hash_file_copies(path: str, copies: Sequence[tuple[int, int, int, int, int]]
         starts.append(starts[-1] + meta.row_group(g).num_rows)
     present = set(parquet.schema_arrow.names)
     names = columns.names()
+    # Per copy, the rows around it (the row before and the row after, where the file has them),
+    # as (first, end) in the file and in the rows read: the groups read follow one another.
+    spans: list[tuple[int, int, int, int, int, int, int, int]] = []
     groups: set[int] = set()
-    ends: list[tuple[int, int]] = []  # per copy: the group of the row after it (or its last row), and that row's end
-    for row_start, rows, *_ in copies:
-        lo, hi = max(row_start - 1, 0), min(row_start + rows + 1, starts[-1])
-        if lo >= hi:
+    for row_start, rows, origin, sequence, chunk in copies:
+        if rows <= 0 or row_start + rows > starts[-1]:
             continue
+        lo, hi = max(row_start - 1, 0), min(row_start + rows + 1, starts[-1])
         first = bisect.bisect_right(starts, lo) - 1
-        last = bisect.bisect_right(starts, hi - 1) - 1
-        groups.update(range(first, last + 1))
-        ends.append((last, hi))
-    if not groups:
+        groups.update(range(first, bisect.bisect_right(starts, hi - 1)))
+        spans.append((row_start, rows, origin, sequence, chunk, lo, first, hi - lo))
+    if not spans:
         return {}
     ordered = sorted(groups)
-    # Where each group's rows begin in ``table`` (the groups are read in order, one after another).
     offset_of: dict[int, int] = {}
     position = 0
     for g in ordered:
         offset_of[g] = position
         position += starts[g + 1] - starts[g]
-    # The rows of ``table`` up to the row after the last copy: the groups are decoded in batches and
-    # the reading stops there (an archiver's file is often one row group; a copy in its first half
-    # then costs half a file, not all of it).
-    needed = max(offset_of[last] + hi - starts[last] for last, hi in ends)
+    # (read start, read end, row_start, rows, identity, the pieces read so far)
+    pending: list[tuple[int, int, int, int, tuple[int, int, int], list[pa.RecordBatch]]] = []
+    for row_start, rows, o, q, c, lo, first, size in spans:
+        begin = offset_of[first] + lo - starts[first]
+        pending.append((begin, begin + size, row_start, rows, (o, q, c), []))
+    needed = max(end for _, end, *_ in pending)
     read = [n for n in names if n in present]
-    batches: list[pa.RecordBatch] = []
-    for batch in parquet.iter_batches(batch_size=_HASH_BATCH_ROWS, row_groups=ordered, columns=read, use_threads=False):
-        batches.append(batch)
-        needed -= batch.num_rows
-        if needed <= 0:
-            break
-    if not batches:
-        return {}
-    table = pa.Table.from_batches(batches)
-    for name in names:
-        if name not in present:  # a column this file does not have: null on its rows, as Spark reads it
-            table = table.append_column(name, pa.nulls(table.num_rows))
     hashes: dict[int, str] = {}
-    for row_start, rows, origin, sequence, chunk in copies:
-        if rows <= 0 or row_start + rows > starts[-1]:
-            continue
-        lo = max(row_start - 1, 0)
-        first = bisect.bisect_right(starts, lo) - 1
-        at = offset_of[first] + (row_start - starts[first])
-        if _holds(table, at, rows, (origin, sequence, chunk), columns):
-            hashes[row_start] = _copy_hash(table.slice(at, rows), columns)
+    position = 0
+    for batch in parquet.iter_batches(batch_size=_HASH_BATCH_ROWS, row_groups=ordered, columns=read, use_threads=False):
+        stop = position + batch.num_rows
+        waiting = []
+        for begin, end, row_start, rows, identity, pieces in pending:
+            if begin < stop and end > position:
+                pieces.append(batch.slice(max(begin, position) - position, min(end, stop) - max(begin, position)))
+            if end > stop:
+                waiting.append((begin, end, row_start, rows, identity, pieces))
+                continue
+            window = pa.Table.from_batches(pieces)
+            for name in names:
+                if name not in present:  # a column this file does not have: null on its rows, as Spark reads it
+                    window = window.append_column(name, pa.nulls(window.num_rows))
+            at = row_start - max(row_start - 1, 0)  # the copy's first row in its window
+            if _holds(window, at, rows, identity, columns):
+                hashes[row_start] = _copy_hash(window.slice(at, rows), columns)
+        pending, position = waiting, stop
+        if position >= needed or not pending:
+            break
     return hashes
 
 
@@ -281,8 +286,8 @@ def content_hashes(
     spark: SparkSession, layout: ArchiveLayout, copies: Sequence[Copy]
 ) -> tuple[dict[tuple[str, int], str], dict[str, str]]:
     """The content hash of each copy ``(file, origin, sequence, chunk, row_start, rows)``, by ``(file,
-    row_start)``, from one Spark job over those copies' files (see the module docstring); and the path
-    Spark reports for each file. A copy whose file no longer holds it gets no hash.
+    row_start)``, read from those copies' files as ``read_in_tasks`` reads (see the module docstring);
+    and the path Spark reports for each file. A copy whose file no longer holds it gets no hash.
 
     Raises:
         ArchiveReadError: a file could not be read.

@@ -7,6 +7,7 @@ UTC session time zone (timestamps are instants) and Parquet metadata columns.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -31,6 +32,7 @@ __all__ = [
     "follow_cores",
     "get_session",
     "job_progress",
+    "planned_master",
     "with_job_conf",
 ]
 
@@ -140,6 +142,20 @@ def get_session(settings: SparkSettings | None = None, *, app_name: str = "repla
     return session
 
 
+def planned_master(settings: SparkSettings | None = None) -> str | None:
+    """The master of the session ``get_session(settings)`` gives, before it is built: an active
+    session's, the job's (``local[*]`` without settings), or ``None`` under spark-submit, whose
+    master is known once the session is up."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return str(active.sparkContext.master)
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        return None
+    return settings.master if settings is not None else "local[*]"
+
+
 def with_job_conf(conf: Mapping[str, str], given: Mapping[str, str]) -> dict[str, str]:
     """Replay's session settings ``conf`` with the job's ``given`` ones: the job's stand, except
     that its driver JVM options come after Replay's (the JVM takes the last of two that conflict)
@@ -188,13 +204,29 @@ def driver_arrow_memory() -> None:
     processes started from here (the JVM, hence Spark's Python workers, where it measured no
     slower); pyarrow's default is switched too, for a process whose Arrow is already in use (an
     Airflow task running ``replay.run``). The command line calls it before its first Arrow
-    allocation; ``replay.run`` and ``inspect_archive`` call it first thing."""
+    allocation; ``replay.run`` and ``inspect_archive`` call it first thing. It also fixes glibc's
+    threshold for mapped blocks (``_large_blocks_mapped``)."""
+    _large_blocks_mapped()
     if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
         return
     os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "system"
     import pyarrow as pa
 
     pa.set_memory_pool(pa.system_memory_pool())
+
+
+def _large_blocks_mapped() -> None:
+    """glibc's allocator: blocks of 128 KiB and more always from their own mapping, given back to
+    the system when freed (``mallopt(M_MMAP_THRESHOLD)``). By default glibc raises that threshold to
+    the size of the largest block freed so far, after which such blocks come from its heap, which
+    gives nothing back while a small object lives above them: reading the 40 files' metadata columns
+    in the driver (``replay.engine.scan``) left 2.3 MiB more resident per file (the 10M-tuple
+    benchmark's driver: 228 MiB after the scan, against 136 MiB with the threshold fixed;
+    docs/performance.md). Nothing where the C library is another one."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD (glibc's malloc.h)
 
 
 @contextmanager

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from replay.engine import scan
 from replay.engine.scan import ScanColumns, scan_file
 
 _COLUMNS = ScanColumns(
@@ -103,11 +105,13 @@ def _model(rows: list[dict[str, Any]], path: str) -> list[dict[str, Any]]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=_rows())
+@given(rows=_rows(), batch_rows=st.one_of(st.integers(1, 12), st.just(65_536)))
 def test_a_files_records_are_its_runs_of_rows_of_one_identity(
-    tmp_path_factory: Any, rows: list[dict[str, Any]]
+    tmp_path_factory: Any, rows: list[dict[str, Any]], batch_rows: int
 ) -> None:
+    """Read ``batch_rows`` rows at a time: a copy that a batch's edge cuts is one record."""
     path = Path(tmp_path_factory.mktemp("scan")) / "part-00000.parquet"
     table = pa.table({name: pa.array([r[name] for r in rows], kind) for name, kind in _TYPES.items()})
     pq.write_table(table, path, row_group_size=7)  # copies across row groups too
-    assert scan_file(str(path), _COLUMNS).to_pylist() == _model(rows, str(path))
+    with patch.object(scan, "_BATCH_ROWS", batch_rows):
+        assert scan_file(str(path), _COLUMNS).to_pylist() == _model(rows, str(path))

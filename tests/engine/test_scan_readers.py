@@ -1,0 +1,175 @@
+"""The metadata scan's readers: a file read in batches of any size, in the driver's threads or in
+Spark tasks, gives the same per-copy records and the same content hashes."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from replay.core.config import parse_config
+from replay.core.errors import ArchiveReadError
+from replay.engine import copies as copies_module
+from replay.engine import scan as scan_module
+from replay.engine.archive import ArchiveLayout, inspect_schema
+from replay.engine.copies import content_hashes
+from replay.engine.scan import driver_threads, scan_columns, scan_file, scan_files
+from replay.generate import generate_archive
+from replay.generate_options import GenerateOptions
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def layout(tmp_path_factory: pytest.TempPathFactory) -> ArchiveLayout:
+    """Multi-chunk buffers, an idle origin's punctuation rows (a null key and event time), late
+    tuples and buffers archived twice, in three files."""
+    archive = tmp_path_factory.mktemp("scan") / "archive"
+    generate_archive(
+        archive,
+        GenerateOptions(
+            origins=3,
+            tuples=2_400,
+            buffer_tuples=30,
+            seed=5,
+            duplicates=4,
+            late_fraction=0.05,
+            multi_chunk_fraction=0.5,
+            idle=1,
+            files=3,
+        ),
+    )
+    return inspect_schema(parse_config({"archive": str(archive)}))
+
+
+@pytest.mark.parametrize("batch_rows", [1, 2, 7, 64])
+def test_a_file_read_in_batches_gives_each_copy_one_record(
+    layout: ArchiveLayout, batch_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy that a batch's edge cuts (every copy, at one row a batch) is one record again, with
+    the counts, bounds and row range of the file read whole."""
+    columns = scan_columns(layout, event_times=True)
+    whole = [scan_file(path, columns) for path in layout.files]
+    monkeypatch.setattr(scan_module, "_BATCH_ROWS", batch_rows)
+    cut = [scan_file(path, columns) for path in layout.files]
+    for path, expected, got in zip(layout.files, whole, cut, strict=True):
+        assert expected.num_rows > 30, path
+        assert got.equals(expected), path
+    # Nulls where a copy has none of a value (punctuation rows: no event time) survive the joins.
+    assert any(r["ev0_min"] is None for t in whole for r in t.to_pylist())
+
+
+def test_the_driver_threads_and_spark_tasks_read_the_same(
+    layout: ArchiveLayout, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a local master the scan and the content hashes run in the driver's threads, no Spark
+    job; in Spark tasks (any other master) they give the same records and hashes."""
+    columns = scan_columns(layout, event_times=True)
+    by_identity: dict[tuple[int, int, int], list[tuple[str, int, int]]] = {}
+    tracker = spark.sparkContext.statusTracker()
+    jobs = len(tracker.getJobIdsForGroup(None))
+    local = scan_files(spark, layout.files, columns)
+    for r in local.to_pylist():
+        by_identity.setdefault((r["origin"], r["sequence"], r["chunk"]), []).append(
+            (r["_file"], r["row_min"], r["rows"])
+        )
+    repeated = [(f, o, s, c, row, n) for (o, s, c), seen in by_identity.items() if len(seen) > 1 for f, row, n in seen]
+    assert len(repeated) >= 8  # the duplicates, with their first copies
+    local_hashes, _ = content_hashes(spark, layout, repeated)
+    assert len(tracker.getJobIdsForGroup(None)) == jobs  # read without a Spark job
+
+    monkeypatch.setattr(scan_module, "driver_threads", lambda *_: None)
+    in_tasks = scan_files(spark, layout.files, columns)
+    task_hashes, _ = content_hashes(spark, layout, repeated)
+    assert len(tracker.getJobIdsForGroup(None)) > jobs
+    assert in_tasks.sort_by([("_file", "ascending"), ("row_min", "ascending")]).equals(
+        local.sort_by([("_file", "ascending"), ("row_min", "ascending")])
+    )
+    assert task_hashes == local_hashes and len(local_hashes) == len(repeated)
+
+
+@pytest.mark.parametrize("batch_rows", [1, 5, 32_768])
+def test_a_copy_hashed_from_batches_has_the_hash_of_its_rows(
+    layout: ArchiveLayout, spark: Any, batch_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hashing keeps only the rows around each copy as the batches go by; a copy cut by a
+    batch's edge, or spanning several batches, hashes as read whole; a range that no longer holds
+    its copy (a row more) gets no hash."""
+    columns = scan_columns(layout, event_times=True)
+    records = [r for path in layout.files for r in scan_file(path, columns).to_pylist()]
+    wanted = [(r["_file"], r["origin"], r["sequence"], r["chunk"], r["row_min"], r["rows"]) for r in records[:40:3]]
+    wrong = [(f, o, s, c, row, n + 1) for f, o, s, c, row, n in wanted[:2]]
+    expected, _ = content_hashes(spark, layout, wanted)
+    monkeypatch.setattr(copies_module, "_HASH_BATCH_ROWS", batch_rows)
+    got, _ = content_hashes(spark, layout, [*wanted, *wrong])
+    assert got == expected and len(got) == len(wanted)
+
+
+@pytest.mark.parametrize("place", ["driver threads", "spark tasks"])
+def test_a_file_that_cannot_be_read_is_named(
+    tmp_path: Path, layout: ArchiveLayout, spark: Any, place: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad = tmp_path / "cut.parquet"
+    data = Path(layout.files[0]).read_bytes()
+    bad.write_bytes(data[: len(data) // 2])  # after its footer was read: cut short since
+    if place == "spark tasks":
+        monkeypatch.setattr(scan_module, "driver_threads", lambda *_: None)
+    with pytest.raises(ArchiveReadError, match="cannot read the file's metadata columns") as err:
+        scan_files(spark, [layout.files[1], str(bad)], scan_columns(layout, event_times=True))
+    assert err.value.file == str(bad) and "What to do" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("master", "threads"),
+    [
+        ("local", 1),
+        ("local[3]", 3),
+        ("local[2, 4]", 2),
+        ("spark://127.0.0.1:7077", None),
+        ("yarn", None),
+        ("local-cluster[2,1,1024]", None),
+    ],
+)
+def test_the_driver_reads_with_a_local_masters_cores(master: str, threads: int | None) -> None:
+    assert driver_threads(None, master) == threads
+    assert (driver_threads(None, "local[*]") or 0) >= 1 and driver_threads(None, None) is None
+
+
+def test_a_run_scans_while_its_session_starts(tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that gets its session itself scans in a thread of its own, started before it asks
+    for the session; the tables are those of a run given the session."""
+    from replay.runner import loop
+    from replay.store.digest import digest
+
+    generate_archive(tmp_path / "archive", GenerateOptions(origins=2, tuples=600, buffer_tuples=20, seed=2, files=2))
+    order: list[str] = []
+    scan_records, get_session = loop.scan_records, loop._Runner.spark.fget
+    assert get_session is not None
+
+    def scanning(*args: Any, **kwargs: Any) -> tuple[pa.Table, int]:
+        order.append(f"scan in {threading.current_thread().name}")
+        return scan_records(*args, **kwargs)
+
+    def session(self: Any) -> Any:
+        if self._spark is None:
+            order.append("session")
+        return get_session(self)
+
+    monkeypatch.setattr(loop, "scan_records", scanning)
+    monkeypatch.setattr(loop._Runner, "spark", property(session))
+    outputs = []
+    for name, given in (("started", None), ("given", spark)):
+        config = parse_config(
+            {
+                "archive": str(tmp_path / "archive"),
+                "output": str(tmp_path / name),
+                "checkpoint": str(tmp_path / f"c-{name}"),
+            }
+        )
+        loop.run(config, spark=given)
+        outputs.append(digest(tmp_path / name))
+    assert order[:2] == ["scan in replay-scan", "session"] and len(order) == 2, order
+    assert outputs[0] == outputs[1]

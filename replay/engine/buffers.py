@@ -116,14 +116,14 @@ def release_arrow_memory() -> None:
 
 
 def scan_buffers(
-    spark: SparkSession,
+    spark: SparkSession | None,
     layout: ArchiveLayout,
     config: JobConfig,
     *,
     strict: bool = True,
     event_times: bool = True,
     cache: FileCache | None = None,
-    prefetched: tuple[pa.Table, int] | None = None,
+    threads: int | None = None,
 ) -> BufferScan:
     """Extract, check and deduplicate the archive's buffers.
 
@@ -132,9 +132,10 @@ def scan_buffers(
     the buffers' event time bounds are ``None``). The payload is read only for identities with
     more than one copy, to tell duplicates from conflicts. ``cache`` keeps per-file records.
     With ``strict`` (a run), a conflicting duplicate under ``on_conflict: fail`` raises;
-    without it (``replay inspect``) it is reported and the first copy is kept. ``prefetched``: what
-    ``scan_records`` gave for ``layout``'s files with ``scan_columns(layout, event_times=...)``,
-    when the caller read them already (a run reads them while its SparkSession starts).
+    without it (``replay inspect``) it is reported and the first copy is kept. ``threads``: read in
+    that many of the driver's threads instead of Spark tasks (``replay.engine.scan.read_in_tasks``);
+    ``spark`` may then be ``None`` (``replay inspect`` with a local master starts no session), and
+    the paths Spark reports for the files (``spark_paths``) are not known.
 
     Raises:
         BadBufferError: a null or out-of-range identity, metadata that differs within a buffer,
@@ -142,7 +143,7 @@ def scan_buffers(
         ConflictingDuplicateError: copies of one identity differ, under ``on_conflict: fail``.
     """
     columns = scan_columns(layout, event_times=event_times)
-    records, scanned = prefetched or scan_records(spark, layout.files, columns, cache)
+    records, scanned = scan_records(spark, layout.files, columns, cache, threads=threads)
     if not records.num_rows:
         raise EmptyArchiveError(
             f"the archive's {len(layout.files)} Parquet file(s) hold no rows",
@@ -159,7 +160,7 @@ def scan_buffers(
     ]
     del records
     release_arrow_memory()
-    hashes, spark_paths, hashed = cached_content_hashes(spark, layout, repeated, cache)
+    hashes, spark_paths, hashed = cached_content_hashes(spark, layout, repeated, cache, threads=threads)
 
     # The kept copies stay packed (``PackedBuffers``: one array, file paths shared); a ``Buffer`` is
     # made only for the copies of identities with several, to compare them.

@@ -5,12 +5,12 @@ Only identities with more than one copy are hashed (a buffer archived twice, or 
 it was replayed); the metadata scan (``replay.engine.scan``) reads the other columns of every copy,
 and ``replay.engine.buffers`` deduplicates by the hashes ``content_hashes`` gives.
 
-The hashing runs where the scan's reading runs (``replay.engine.scan.read_in_tasks``): on a cluster
-in Spark tasks, ``mapInArrow`` over the files that hold such copies, one file per task at a time,
-pyarrow inside; with a local master in the driver's threads. A reader decodes only the row groups
-around the copies' row ranges and keeps only the rows around each copy, checks that each range still
-holds its copy (the identity on every row of it, and not on the rows next to it), and gives one hash
-per copy: on a cluster only the hashes reach the driver, never tuples.
+The hashing runs where the scan's reading runs (``replay.engine.scan.read_in_tasks``): for a run in
+Spark tasks, ``mapInArrow`` over the files that hold such copies, one file per task at a time,
+pyarrow inside (only the hashes reach the driver, never tuples); for ``replay inspect`` with a local
+master in the driver's threads. A reader decodes only the row groups around the copies' row ranges,
+a batch at a time, keeps only the rows around each copy, checks that each range still holds its copy
+(the identity on every row of it, and not on the rows next to it), and gives one hash per copy.
 
 A copy's content is its row and tuple counts, its last-chunk and idle flags, its watermark per key,
 and the multiset of its rows' payload values. Each row is encoded as bytes (every value
@@ -283,11 +283,12 @@ def _spark_paths(spark: SparkSession, layout: ArchiveLayout, files: Sequence[str
 
 
 def content_hashes(
-    spark: SparkSession, layout: ArchiveLayout, copies: Sequence[Copy]
+    spark: SparkSession | None, layout: ArchiveLayout, copies: Sequence[Copy], *, threads: int | None = None
 ) -> tuple[dict[tuple[str, int], str], dict[str, str]]:
     """The content hash of each copy ``(file, origin, sequence, chunk, row_start, rows)``, by ``(file,
     row_start)``, read from those copies' files as ``read_in_tasks`` reads (see the module docstring);
-    and the path Spark reports for each file. A copy whose file no longer holds it gets no hash.
+    and the path Spark reports for each file (none without ``spark``: ``threads`` reads in the
+    driver's threads). A copy whose file no longer holds it gets no hash.
 
     Raises:
         ArchiveReadError: a file could not be read.
@@ -308,6 +309,7 @@ def content_hashes(
         _RESULT,
         failure="cannot read the rows of a buffer archived more than once",
         shown=shown,
+        threads=threads,
     )
     hashes = {
         (shown[f], r): h
@@ -315,7 +317,7 @@ def content_hashes(
             result["file"].to_pylist(), result["row_start"].to_pylist(), result["hash"].to_pylist(), strict=True
         )
     }
-    return hashes, _spark_paths(spark, layout, files)
+    return hashes, _spark_paths(spark, layout, files) if spark is not None else {}
 
 
 def hash_digest(layout: ArchiveLayout) -> str:
@@ -343,16 +345,18 @@ def same_content(mine: str, kept: str) -> bool | None:
 
 
 def cached_content_hashes(
-    spark: SparkSession,
+    spark: SparkSession | None,
     layout: ArchiveLayout,
     copies: Sequence[Copy],
     cache: FileCache | None,
+    *,
+    threads: int | None = None,
 ) -> tuple[dict[tuple[str, int], str], dict[str, str], int]:
     """``content_hashes``, taking from ``cache`` the hashes of copies in files it already hashed
     (a file changed since is hashed again) and adding the ones computed; also returns how many
     copies had their payload read."""
     if cache is None or not copies:
-        return (*content_hashes(spark, layout, copies), len(copies))
+        return (*content_hashes(spark, layout, copies, threads=threads), len(copies))
     digest = hash_digest(layout)
     hashes: dict[tuple[str, int], str] = {}
     spark_paths: dict[str, str] = {}
@@ -368,7 +372,7 @@ def cached_content_hashes(
             spark_paths[file] = entry[0]
         else:
             missing.append(copy)
-    fresh, paths = content_hashes(spark, layout, missing)
+    fresh, paths = content_hashes(spark, layout, missing, threads=threads)
     hashes.update(fresh)
     spark_paths.update(paths)
     by_file: dict[str, dict[int, str]] = {}

@@ -6,15 +6,12 @@ run-length-encoded in a small fraction of a file's bytes. The scan reads only th
 the key column (a null key marks a punctuation row) and, where they are needed, the event
 time columns (event-time watermarks, a backfill's bounds), never the payload.
 
-On a cluster the reading runs in Spark tasks (``mapInArrow`` over the list of files, one
-file per task at a time, pyarrow inside): the files are read by the executors and only the
-per-copy records reach the driver. With a local master the executors are the driver's own
-machine, and the same function reads the files in the driver's threads instead, one per core:
-the same bytes, without a Spark job and its Python workers (0.34 to 0.42 s for the 10M-tuple
-benchmark's 40 files against 0.77 to 1.18 s in Spark tasks, warm), and before the SparkSession
-is up (``replay.runner.loop`` starts the scan while the JVM starts). A file is read in batches
-of ``_BATCH_ROWS`` rows, so a file's size never shows in the driver's memory. A *copy* is a
-maximal run of consecutive rows of one buffer identity in one file.
+A run reads in Spark tasks (``mapInArrow`` over the list of files, one file per task at a
+time, pyarrow inside), so on a cluster the files are read by the executors and only the
+per-copy records reach the driver. ``replay inspect`` with a local master reads them in the
+driver's threads instead (``driver_threads``: the executors would be the driver's own
+machine), and starts no SparkSession at all. A file is read in batches of ``_BATCH_ROWS`` rows.
+A *copy* is a maximal run of consecutive rows of one buffer identity in one file.
 
 ``FileCache`` keeps each file's records with the checkpoint, keyed by the file's path,
 size, modification time and a digest of its Parquet footer, and by the columns read: a
@@ -59,9 +56,11 @@ _ERROR_MARK = "<<replay-scan>>"
 # per core, 0.61 s with three; medians of six, 2 cores).
 _TASKS_PER_CORE = 1
 # Rows of a file the scan decodes at a time: its metadata columns take some 40 bytes a row, so a
-# batch holds about 2.5 MiB per reading thread whatever the file's size (a 30M-tuple archive's
-# files are 750k rows each, one row group).
-_BATCH_ROWS = 65_536
+# batch holds about 10 MiB per reading thread whatever the file's size (a 30M-tuple archive's
+# files are 750k rows each, one row group). Smaller batches cost CPU: the 10M-tuple benchmark's
+# 40 files took 1.2 to 1.4 s in batches of 65,536 rows, 0.64 to 0.74 s in batches of 262,144
+# (warm, 2 threads; each file whole: 0.65 to 0.69 s).
+_BATCH_ROWS = 262_144
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,7 +299,7 @@ def _scan_rows(table: pa.Table, columns: ScanColumns, path: str, offset: int) ->
 
 
 def driver_threads(spark: SparkSession | None, master: str | None = None) -> int | None:
-    """How many of the driver's threads ``read_in_tasks`` reads with: the cores of a local master
+    """How many of the driver's threads ``replay inspect`` reads with: the cores of a local master
     (``local``, ``local[N]``, ``local[*]``, ``local[N, F]``: ``spark``'s, else ``master``),
     ``None`` for any other master (the reading runs in Spark tasks) or when neither is known."""
     if spark is not None:
@@ -330,9 +329,9 @@ def read_in_tasks(
 ) -> pa.Table:
     """``read(path, work)`` of every task ``(path, work)``, their tables collected in ``schema``.
 
-    With a local master (``spark``'s, see ``driver_threads``) or ``threads`` given, in that many of
-    the driver's threads; else in Spark tasks, one Spark job (one file per task at a time, pyarrow
-    inside: on a cluster the executors read the files). ``spark`` may be ``None`` with ``threads``.
+    With ``threads``, in that many of the driver's threads (``spark`` may then be ``None``); else in
+    Spark tasks, one Spark job (one file per task at a time, pyarrow inside: on a cluster the
+    executors read the files).
 
     Raises:
         ArchiveReadError: ``read`` failed on a file: "``failure``: the reason", naming the file
@@ -349,7 +348,6 @@ def read_in_tasks(
             todo="restore the file from the archiver, or move it out of the archive directory; nothing was committed",
         )
 
-    threads = threads or driver_threads(spark)
     if threads is not None:
         from concurrent.futures import ThreadPoolExecutor
 

@@ -6,8 +6,8 @@ A run:
 2. restores the progress engine from the last commit's snapshot (``replay.runner.resume``): a
    bounded number of files, whatever the number of batches before it;
 3. finds the files not consumed yet (or, after a crash, the interrupted run's files, from
-   its intent), scans their buffers (metadata only; with a local master in the driver's
-   threads, while the SparkSession starts) and deduplicates them against the checkpoint;
+   its intent), scans their buffers (metadata only) and deduplicates them against the
+   checkpoint;
 4. cuts the new buffers, in arrival order (sequence order in origin mode), into
    micro-batches of at most ``max_buffers`` buffers and ``max_tuples`` tuples, and records
    the run's files and cut in its intent (once, before its first batch);
@@ -25,10 +25,8 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,7 +37,6 @@ from replay.core.errors import ConfigError, Location, ReplayError
 from replay.core.paths import local_path
 from replay.core.timeutil import format_ts
 from replay.engine.archive import (
-    ArchiveLayout,
     discover_files,
     inspect_schema,
     resolve_lateness,
@@ -48,8 +45,8 @@ from replay.engine.archive import (
 from replay.engine.buffers import scan_buffers
 from replay.engine.copies import Copy, cached_content_hashes
 from replay.engine.inspection import participants_of
-from replay.engine.scan import FileCache, driver_threads, scan_columns, scan_records
-from replay.engine.spark import driver_arrow_memory, planned_master
+from replay.engine.scan import FileCache
+from replay.engine.spark import driver_arrow_memory
 from replay.runner.batch import Batch, RunContext, fault, process
 from replay.runner.dedup import deduplicate
 from replay.runner.plan import cut_batches, file_stamp, plan_batches, plan_passes
@@ -61,7 +58,6 @@ from replay.store.records import Commit, RunIntent
 from replay.store.tables import write_run_version
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import SparkSession
 
 __all__ = ["RunSummary", "default_checkpoint", "run"]
@@ -260,38 +256,6 @@ class _Runner:
                 gc.freeze()
         return self._spark
 
-    def _scan_while_starting(self, layout: ArchiveLayout, cache: FileCache) -> Future[tuple[pa.Table, int]] | None:
-        """The metadata scan of ``layout``'s files, started in a thread of its own while this run
-        starts its SparkSession (the main thread's next step, mostly the JVM's start-up: seconds
-        cold): only with a local master, whose scan reads in the driver's threads anyway
-        (``replay.engine.scan``). ``None`` when the session is up already or not local."""
-        if self._spark is not None:
-            return None
-        threads = driver_threads(None, planned_master(self.config.spark))
-        if threads is None:
-            return None
-        # What the scan imports, imported here: one module imported by two threads at once can
-        # deadlock on Python's import locks (PySpark's modules import pyarrow's).
-        import concurrent.futures.thread  # noqa: F401
-
-        import numpy  # noqa: F401
-        import pyarrow.compute
-        import pyarrow.ipc
-        import pyarrow.parquet  # noqa: F401
-
-        columns = scan_columns(layout, event_times=self.range != (None, None))
-        future: Future[tuple[pa.Table, int]] = Future()
-
-        def scan() -> None:
-            try:
-                future.set_result(scan_records(None, layout.files, columns, cache, threads=threads))
-            except BaseException as exc:  # raised in the main thread, by ``result()``
-                future.set_exception(exc)
-
-        # A daemon: a run whose session fails to start does not wait for the scan to end.
-        threading.Thread(target=scan, name="replay-scan", daemon=True).start()
-        return future
-
     # -- the pieces ---------------------------------------------------------------------------
 
     def _dirs(self) -> dict[Path, str]:
@@ -346,19 +310,11 @@ class _Runner:
 
         layout = inspect_schema(config, files=run_files, on_file=lambda d, t: self.event("footers", d, t))
         mode = resolve_lateness(config, layout)
+        state = rebuild(store, config, layout, mode, commit)
         self.event("scan", 0, 1)
         cache = FileCache(store.root / "scan-cache")
-        scanning = self._scan_while_starting(layout, cache)
-        spark = self.spark
-        state = rebuild(store, config, layout, mode, commit)
         scan = scan_buffers(
-            spark,
-            layout,
-            config,
-            strict=True,
-            event_times=self.range != (None, None),
-            cache=cache,
-            prefetched=scanning.result() if scanning is not None else None,
+            self.spark, layout, config, strict=True, event_times=self.range != (None, None), cache=cache
         )
         self.event("scan", 1, 1)
         schema = spark_schema(layout)

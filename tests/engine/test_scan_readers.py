@@ -3,11 +3,9 @@ Spark tasks, gives the same per-copy records and the same content hashes."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
 from replay.core.config import parse_config
@@ -65,23 +63,22 @@ def test_a_file_read_in_batches_gives_each_copy_one_record(
 def test_the_driver_threads_and_spark_tasks_read_the_same(
     layout: ArchiveLayout, spark: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With a local master the scan and the content hashes run in the driver's threads, no Spark
-    job; in Spark tasks (any other master) they give the same records and hashes."""
+    """In the driver's threads (``replay inspect`` with a local master) the scan and the content
+    hashes run no Spark job, and give the records and hashes Spark tasks give (a run's)."""
     columns = scan_columns(layout, event_times=True)
     by_identity: dict[tuple[int, int, int], list[tuple[str, int, int]]] = {}
     tracker = spark.sparkContext.statusTracker()
     jobs = len(tracker.getJobIdsForGroup(None))
-    local = scan_files(spark, layout.files, columns)
+    local = scan_files(spark, layout.files, columns, threads=2)
     for r in local.to_pylist():
         by_identity.setdefault((r["origin"], r["sequence"], r["chunk"]), []).append(
             (r["_file"], r["row_min"], r["rows"])
         )
     repeated = [(f, o, s, c, row, n) for (o, s, c), seen in by_identity.items() if len(seen) > 1 for f, row, n in seen]
     assert len(repeated) >= 8  # the duplicates, with their first copies
-    local_hashes, _ = content_hashes(spark, layout, repeated)
+    local_hashes, _ = content_hashes(spark, layout, repeated, threads=2)
     assert len(tracker.getJobIdsForGroup(None)) == jobs  # read without a Spark job
 
-    monkeypatch.setattr(scan_module, "driver_threads", lambda *_: None)
     in_tasks = scan_files(spark, layout.files, columns)
     task_hashes, _ = content_hashes(spark, layout, repeated)
     assert len(tracker.getJobIdsForGroup(None)) > jobs
@@ -115,10 +112,9 @@ def test_a_file_that_cannot_be_read_is_named(
     bad = tmp_path / "cut.parquet"
     data = Path(layout.files[0]).read_bytes()
     bad.write_bytes(data[: len(data) // 2])  # after its footer was read: cut short since
-    if place == "spark tasks":
-        monkeypatch.setattr(scan_module, "driver_threads", lambda *_: None)
+    threads = 2 if place == "driver threads" else None
     with pytest.raises(ArchiveReadError, match="cannot read the file's metadata columns") as err:
-        scan_files(spark, [layout.files[1], str(bad)], scan_columns(layout, event_times=True))
+        scan_files(spark, [layout.files[1], str(bad)], scan_columns(layout, event_times=True), threads=threads)
     assert err.value.file == str(bad) and "What to do" in str(err.value)
 
 
@@ -138,38 +134,21 @@ def test_the_driver_reads_with_a_local_masters_cores(master: str, threads: int |
     assert (driver_threads(None, "local[*]") or 0) >= 1 and driver_threads(None, None) is None
 
 
-def test_a_run_scans_while_its_session_starts(tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A run that gets its session itself scans in a thread of its own, started before it asks
-    for the session; the tables are those of a run given the session."""
-    from replay.runner import loop
-    from replay.store.digest import digest
+def test_inspect_with_a_local_master_starts_no_session(
+    layout: ArchiveLayout, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``replay inspect`` needs no SparkSession when the driver reads: the same report as with one."""
+    from replay.engine import spark as spark_module
+    from replay.engine.inspection import inspect_archive
 
-    generate_archive(tmp_path / "archive", GenerateOptions(origins=2, tuples=600, buffer_tuples=20, seed=2, files=2))
-    order: list[str] = []
-    scan_records, get_session = loop.scan_records, loop._Runner.spark.fget
-    assert get_session is not None
+    config = parse_config({"archive": layout.root})
+    with_session = inspect_archive(config, spark=spark).to_dict()
 
-    def scanning(*args: Any, **kwargs: Any) -> tuple[pa.Table, int]:
-        order.append(f"scan in {threading.current_thread().name}")
-        return scan_records(*args, **kwargs)
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise AssertionError("a session was asked for")
 
-    def session(self: Any) -> Any:
-        if self._spark is None:
-            order.append("session")
-        return get_session(self)
-
-    monkeypatch.setattr(loop, "scan_records", scanning)
-    monkeypatch.setattr(loop._Runner, "spark", property(session))
-    outputs = []
-    for name, given in (("started", None), ("given", spark)):
-        config = parse_config(
-            {
-                "archive": str(tmp_path / "archive"),
-                "output": str(tmp_path / name),
-                "checkpoint": str(tmp_path / f"c-{name}"),
-            }
-        )
-        loop.run(config, spark=given)
-        outputs.append(digest(tmp_path / name))
-    assert order[:2] == ["scan in replay-scan", "session"] and len(order) == 2, order
-    assert outputs[0] == outputs[1]
+    monkeypatch.setattr(spark_module, "get_session", refuse)
+    steps: list[tuple[str, int, int]] = []
+    without = inspect_archive(config, on_step=lambda *s: steps.append(s)).to_dict()
+    assert without == with_session and with_session["integrity"]["duplicates"]
+    assert ("buffers", 1, 1) in steps

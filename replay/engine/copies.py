@@ -184,8 +184,8 @@ def hash_file_copies(path: str, copies: Sequence[tuple[int, int, int, int, int]]
         starts.append(starts[-1] + meta.row_group(g).num_rows)
     present = set(parquet.schema_arrow.names)
     names = columns.names()
-    # Per copy, the rows around it (the row before and the row after, where the file has them),
-    # as (first, end) in the file and in the rows read: the groups read follow one another.
+    # Per copy: its first row, rows and identity, and the rows around it (the row before and the
+    # row after, where the file has them): the first of them, its row group, and how many.
     spans: list[tuple[int, int, int, int, int, int, int, int]] = []
     groups: set[int] = set()
     for row_start, rows, origin, sequence, chunk in copies:

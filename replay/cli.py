@@ -140,7 +140,7 @@ def inspect(
     try:
         job = _load(config, archive)
         with Steps(
-            {"footers": "reading footers", "buffers": "scanning buffers (Spark)", "progress": "tracking progress"}
+            {"footers": "reading footers", "buffers": "scanning buffers", "progress": "tracking progress"}
         ) as steps:
             report = inspect_archive(job, on_step=steps)
     except ReplayError as error:

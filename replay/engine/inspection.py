@@ -193,7 +193,7 @@ def inspect_archive(
     Raises:
         ReplayError: unreadable files, schema errors, malformed buffers (docs/errors.md#bad-input).
     """
-    from replay.engine.scan import driver_threads
+    from replay.engine.scan import driver_threads, read_progress
     from replay.engine.spark import driver_arrow_memory, get_session, job_progress, planned_master
 
     driver_arrow_memory()
@@ -206,15 +206,14 @@ def inspect_archive(
     lateness = resolve_lateness(config, layout)
     # With a local master the scan reads in the driver's threads: no SparkSession is started.
     threads = driver_threads(spark) if spark is not None else driver_threads(None, planned_master(config.spark))
+    # Progress: files read (driver's threads), or Spark's finished tasks; no poller unless someone listens.
+    report = (lambda done, total: step("buffers", done, total)) if on_step is not None else None
     if threads is not None:
-        step("buffers", 0, 1)
-        scan = scan_buffers(spark, layout, config, strict=False, threads=threads)
-        step("buffers", 1, 1)
+        with read_progress(report):
+            scan = scan_buffers(spark, layout, config, strict=False, threads=threads)
     else:
         session = spark or get_session(config.spark)
-        # No poller thread unless someone listens.
-        spark_steps = (lambda done, total: step("buffers", done, total)) if on_step is not None else None
-        with job_progress(session, spark_steps):
+        with job_progress(session, report):
             scan = scan_buffers(session, layout, config, strict=False)
     step("progress", 0, len(scan.buffers))
     snapshot, _ = track_progress(config, layout, lateness, scan.buffers, strict=False)

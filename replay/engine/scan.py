@@ -24,6 +24,8 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +47,7 @@ __all__ = [
     "open_parquet",
     "raw_micros",
     "read_in_tasks",
+    "read_progress",
     "scan_columns",
     "scan_files",
     "scan_records",
@@ -317,6 +320,42 @@ def driver_threads(spark: SparkSession | None, master: str | None = None) -> int
         return None
 
 
+class _Tally:
+    """Files read out of files planned, over every ``read_in_tasks`` in a ``read_progress`` block."""
+
+    def __init__(self, report: Callable[[int, int], None]) -> None:
+        self.report = report
+        self.done = 0
+        self.planned = 0
+
+    def plan(self, files: int) -> None:
+        self.planned += files
+        self.report(self.done, self.planned)
+
+    def finished(self) -> None:
+        self.done += 1
+        self.report(self.done, self.planned)
+
+
+_TALLY: ContextVar[_Tally | None] = ContextVar("replay_read_progress", default=None)
+
+
+@contextmanager
+def read_progress(report: Callable[[int, int], None] | None) -> Iterator[None]:
+    """While the block runs, report (files read, files planned) of the reads in the driver's
+    threads (``read_in_tasks`` with ``threads``), counted over every read in the block and called
+    from the calling thread as each file finishes. Reads in Spark tasks report through
+    ``replay.engine.spark.job_progress`` instead. No-op when ``report`` is ``None``."""
+    if report is None:
+        yield
+        return
+    token = _TALLY.set(_Tally(report))
+    try:
+        yield
+    finally:
+        _TALLY.reset(token)
+
+
 def read_in_tasks(
     spark: SparkSession | None,
     tasks: Sequence[tuple[str, Any]],
@@ -349,7 +388,7 @@ def read_in_tasks(
         )
 
     if threads is not None:
-        from concurrent.futures import ThreadPoolExecutor
+        from concurrent.futures import ThreadPoolExecutor, as_completed
 
         def one(task: tuple[str, Any]) -> pa.Table:
             try:
@@ -357,8 +396,20 @@ def read_in_tasks(
             except Exception as exc:
                 raise failed(task[0], str(exc)) from None
 
+        tally = _TALLY.get()
         with ThreadPoolExecutor(max_workers=min(threads, len(plan)), thread_name_prefix="replay-read") as pool:
-            return pa.concat_tables(list(pool.map(one, plan)))
+            futures = [pool.submit(one, task) for task in plan]
+            try:
+                if tally is not None:
+                    tally.plan(len(plan))
+                    for _ in as_completed(futures):
+                        tally.finished()
+                # In the plan's order: the records do not depend on which thread finished first.
+                return pa.concat_tables([future.result() for future in futures])
+            except BaseException:
+                for future in futures:  # a file that cannot be read ends the scan: read no more
+                    future.cancel()
+                raise
     assert spark is not None, "read_in_tasks: no session and no threads"
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

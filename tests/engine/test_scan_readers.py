@@ -151,4 +151,9 @@ def test_inspect_with_a_local_master_starts_no_session(
     steps: list[tuple[str, int, int]] = []
     without = inspect_archive(config, on_step=lambda *s: steps.append(s)).to_dict()
     assert without == with_session and with_session["integrity"]["duplicates"]
-    assert ("buffers", 1, 1) in steps
+    # Progress file by file: the metadata of each file, then the files read again for the hashes.
+    buffers = [(done, total) for name, done, total in steps if name == "buffers"]
+    files = len(layout.files)
+    assert buffers[: files + 1] == [(done, files) for done in range(files + 1)]
+    assert buffers[-1][0] == buffers[-1][1] > files  # the duplicates' files were read again
+    assert [done for done, _ in buffers] == sorted(done for done, _ in buffers)

@@ -3,8 +3,8 @@
 The suites live in the ``expectations`` package, one module each, built from the job
 configuration the version's manifest records. Each suite runs through its GX Checkpoint
 (``replay_<suite>``) on a Spark DataFrame, in a file-based GX project under
-``OUTPUT/_validation/gx``; the Checkpoints update the Data Docs there, which keep the
-newest ``validation.docs_history`` runs per suite. The verdict, per expectation, is
+``OUTPUT/_validation/gx``; the Data Docs there are built once per validation for the suites it
+ran, and keep the newest ``validation.docs_history`` runs per suite. The verdict, per expectation, is
 recorded on the version (``versions/<version>.validation.json``); ``replay publish``
 refuses a version without a passing one.
 """
@@ -238,10 +238,11 @@ def validate(
     with FileLock(str(project / ".lock")):
         _quiet_gx()
         import great_expectations as gx
-        from great_expectations.checkpoint import UpdateDataDocsAction
         from great_expectations.core.run_identifier import RunIdentifier
+        from great_expectations.data_context.types.resource_identifiers import ExpectationSuiteIdentifier
 
         context = _context(project)
+        rendered: list[Any] = []  # the Data Docs pages to build: each suite's and its new result's
         source = context.data_sources.add_or_update_spark(name="replay")
         for index, name in enumerate(names):
             if on_step is not None:
@@ -263,7 +264,9 @@ def validate(
                 gx.Checkpoint(
                     name=f"replay_{name}",
                     validation_definitions=[definition],
-                    actions=[UpdateDataDocsAction(name="data_docs")],
+                    # No action: the Data Docs are built once, below, for every suite run here (one
+                    # build per Checkpoint rendered the site's templates again each time).
+                    actions=[],
                     result_format={"result_format": "SUMMARY", "partial_unexpected_count": 10},
                 )
             )
@@ -271,6 +274,7 @@ def validate(
                 batch_parameters={"dataframe": data},
                 run_id=RunIdentifier(run_name=f"version-{v}"),
             )
+            rendered += [*result.run_results, ExpectationSuiteIdentifier(name=name)]
             results = [r for run in result.run_results.values() for r in run.results]
             expectations = [_expectation_record(r) for r in results]
             suite_records.append(
@@ -285,7 +289,9 @@ def validate(
         if _prune_history(project / "gx", config.validation.docs_history):
             site = project / "gx" / "uncommitted" / "data_docs" / "local_site"
             shutil.rmtree(site, ignore_errors=True)
-            context.build_data_docs()
+            context.build_data_docs()  # the whole site again, without the runs pruned
+        else:
+            context.build_data_docs(resource_identifiers=rendered)
         if on_step is not None:
             on_step("done", len(names), len(names))
     previous = read_validation(root, v) if suites is not None else None

@@ -47,6 +47,11 @@ def test_every_suite_passes_on_a_correct_output(validated: tuple[JobConfig, Vali
         json.dumps({"format_version": 1, "version": outcome.version, **outcome.record})
     )
     assert Path(outcome.data_docs).is_file()
+    # One build of the Data Docs rendered every suite and its result for this version.
+    site = Path(outcome.data_docs).parent
+    for name in names:
+        assert (site / "expectations" / f"{name}.html").is_file(), name
+        assert list((site / "validations" / name / f"version-{outcome.version}").rglob("*.html")), name
 
 
 def _rewrite(output: Path, version: int, manifest: Manifest) -> None:

@@ -15,11 +15,11 @@ process, with and without the JVM's class-data archive (``benchmarks/cold.py``).
 ``run``: ``replay run`` against plain Spark batch and Structured Streaming (``bench_run``).
 ``floor``: plain batch against the cheapest possible metadata pass (``bench_floor``).
 
-``inspect``: ``replay inspect --json`` as a user runs it (its own process and JVM) on
-generated archives of several sizes and buffer sizes. Reports wall time, tuples/s,
-and the peak resident memory of the Python driver and of the JVM separately,
-sampled every 50 ms, so that "driver memory grows with buffers, not tuples" can be
-read off the table. Archives are cached under ``benchmarks/data/``.
+``inspect``: ``replay inspect --json`` as a user runs it (its own process) on generated
+archives of several sizes and buffer sizes. Reports wall time, tuples/s, and the peak resident
+memory of the Python driver and of a JVM separately, sampled every 50 ms, so that "driver memory
+grows with buffers, not tuples" can be read off the table. With a local master ``inspect``
+starts no JVM ("none"). Archives are cached under ``benchmarks/data/``.
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ def bench_inspect(sizes: list[tuple[int, int]]) -> str:
         report = json.loads(out)
         line = (
             f"| {report['tuples_read']:,} | {buffer_tuples} | {report['buffers']:,} | {seconds:.1f} | "
-            f"{report['tuples_read'] / seconds:,.0f} | {py_peak / 2**20:.0f} | {jvm_peak / 2**20:.0f} |"
+            f"{report['tuples_read'] / seconds:,.0f} | {py_peak / 2**20:.0f} | "
+            f"{f'{jvm_peak / 2**20:.0f}' if jvm_peak else 'none'} |"
         )
         print(line, flush=True)
         rows.append(line)
@@ -102,17 +103,12 @@ def bench_inspect(sizes: list[tuple[int, int]]) -> str:
 
 
 def bench_inspect_warm(sizes: list[tuple[int, int]], repeats: int = 3) -> str:
-    """In one process: the fixed cost (session start, first job) apart from the steady-state scan."""
+    """In one process: the first run (imports, first reads) apart from the steady-state scan. With a
+    local master ``inspect`` starts no SparkSession: its driver threads read the metadata."""
     from replay.core.config import parse_config
     from replay.engine.inspection import inspect_archive
-    from replay.engine.spark import get_session
 
-    start = time.perf_counter()
-    spark = get_session()
-    session_s = time.perf_counter() - start
     rows = [
-        f"SparkSession start: {session_s:.1f} s",
-        "",
         "| tuples | buffers | first run s | steady run s (best of the rest) | steady tuples/s |",
         "| ---: | ---: | ---: | ---: | ---: |",
     ]
@@ -121,7 +117,7 @@ def bench_inspect_warm(sizes: list[tuple[int, int]], repeats: int = 3) -> str:
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            report = inspect_archive(config, spark=spark)
+            report = inspect_archive(config)
             times.append(time.perf_counter() - start)
         steady = min(times[1:])
         line = (

@@ -49,12 +49,15 @@ def spark() -> Iterator[object]:
     """The one local SparkSession of a test run (2 cores, small shuffles, UTC)."""
     from pyspark.sql import SparkSession
 
-    from replay.engine.spark import driver_java_options
+    from replay.engine.spark import driver_java_options, python_worker_conf
 
     # Python workers (the scan and the batch pass's writer) run this interpreter, as replay.engine.spark sets it.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder
+    for key, value in python_worker_conf().items():  # their daemon, as replay.engine.spark sets it
+        builder = builder.config(key, value)
     session = (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName("replay-tests")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.enabled", "false")

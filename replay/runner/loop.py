@@ -46,7 +46,7 @@ from replay.engine.buffers import scan_buffers
 from replay.engine.copies import Copy, cached_content_hashes
 from replay.engine.inspection import participants_of
 from replay.engine.scan import FileCache
-from replay.engine.spark import driver_arrow_memory
+from replay.engine.spark import driver_arrow_memory, job_progress
 from replay.runner.batch import Batch, RunContext, fault, process
 from replay.runner.dedup import deduplicate
 from replay.runner.plan import cut_batches, file_stamp, plan_batches, plan_passes
@@ -191,6 +191,7 @@ def run(
             range=(start, end),
             spark=spark,
             event=event,
+            listened=on_event is not None,
             freezing=freezing,
         )
         summary = runner.execute()
@@ -231,6 +232,7 @@ class _Runner:
         range: tuple[int | None, int | None],
         spark: SparkSession | None,
         event: Event,
+        listened: bool,
         freezing: bool,
     ) -> None:
         self.config = config
@@ -241,6 +243,7 @@ class _Runner:
         self.range = range
         self._spark = spark
         self.event = event
+        self._listened = listened  # someone reads the events: worth a poller of Spark's progress
         self.notes: list[str] = []
         # Commits are never changed once written: pruning after every batch reads each retained one once.
         self._records: dict[int, Commit] = {}
@@ -313,10 +316,16 @@ class _Runner:
         state = rebuild(store, config, layout, mode, commit)
         self.event("scan", 0, 1)
         cache = FileCache(store.root / "scan-cache")
-        scan = scan_buffers(
-            self.spark, layout, config, strict=True, event_times=self.range != (None, None), cache=cache
-        )
-        self.event("scan", 1, 1)
+        seen = [0, 1]  # the scan's Spark tasks: finished, known (``job_progress``)
+
+        def scanning(done: int, total: int) -> None:
+            seen[:] = [done, total]
+            self.event("scan", done, total)
+
+        spark = self.spark
+        with job_progress(spark, scanning if self._listened else None):
+            scan = scan_buffers(spark, layout, config, strict=True, event_times=self.range != (None, None), cache=cache)
+        self.event("scan", seen[1], seen[1])
         schema = spark_schema(layout)
         state.spark_paths.update(scan.spark_paths)
 

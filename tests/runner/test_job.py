@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import shutil
 from collections.abc import Callable, Iterator
@@ -222,6 +223,23 @@ def _split_by_ingest(source: Path, first: Path, second: Path) -> None:
     pq.write_table(table.filter(early), first / "part-00000.parquet")
     second.mkdir(parents=True)
     pq.write_table(table.filter(pc.invert(early)), second / "part-00001.parquet")
+
+
+def test_a_run_reports_its_metadata_scan_by_spark_tasks(
+    archive: Path, tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``on_event`` hears the scan's Spark tasks as they finish (polled every millisecond here,
+    every half second in a run), then its end, not only a start and an end."""
+    from replay.engine.spark import job_progress
+    from replay.runner import loop
+
+    monkeypatch.setattr(loop, "job_progress", functools.partial(job_progress, interval=0.001))
+    events: list[tuple[str, int, int]] = []
+    run(job(archive, tmp_path), on_event=lambda *event: events.append(event))
+    scan = [(done, total) for step, done, total in events if step == "scan"]
+    assert scan[0] == (0, 1)
+    assert scan[-1][0] == scan[-1][1] > 1  # the end, in Spark's tasks
+    assert any(done < total for done, total in scan[1:-1] if total > 1)  # tasks seen before they all ended
 
 
 def test_an_archive_whose_path_uri_escapes_matches_copies_by_file(tmp_path: Path, spark: Any) -> None:

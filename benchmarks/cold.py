@@ -4,9 +4,10 @@
 micro-batches against Structured Streaming with ``maxFilesPerTrigger`` 2
 (``benchmarks/baselines.py --only batch|streaming``), same archive, same aggregation, shuffle
 partitions 2. Replay runs with the JVM class-data archive ``replay jvm-archive`` made (as it starts
-once the archive exists) and without it (``REPLAY_JVM_ARCHIVE=off``); the baselines run as users
-run them, and with the same archive (``--java-options``) for the engines' comparison on an equal
-start. The commands run round-robin: one untimed round, then ``repeats`` rounds; medians.
+once the archive exists) and without it (``REPLAY_JVM_ARCHIVE=off``), with its JIT thresholds
+(``replay.engine.spark.compiler_options``) either way; the baselines run as users run them, and with
+Replay's JVM options, the same archive and thresholds (``--java-options``), for the engines'
+comparison on an equal start. The commands run round-robin: one untimed round, then ``repeats`` rounds; medians.
 
 Run as ``./dev.sh bench cold [--sizes 10000000:1000] [--repeats 3]``.
 """
@@ -39,6 +40,7 @@ def bench_cold(
 ) -> str:
     """``run_settings(archive, work, max_buffers)``: the job of ``bench run`` (``run._run_config``)."""
     from replay.engine.jvm_archive import archive_path, java_options, usable
+    from replay.engine.spark import compiler_options
 
     jsa = archive_path()
     if jsa is None:
@@ -48,7 +50,7 @@ def bench_cold(
     if not usable(jsa):
         print(f"making the JVM archive ({jsa})", flush=True)
         subprocess.run([replay, "jvm-archive"], check=True)
-    with_archive = java_options()
+    replays = f"{compiler_options()} {java_options()}"  # Replay's JVM options, for an equal start
     rows = [
         "| tuples | command | JVM archive | wall s (median) | rounds s | against | ratio (throughput) |",
         "| ---: | --- | --- | ---: | --- | --- | ---: |",
@@ -69,17 +71,17 @@ def bench_cold(
             run_many = [*run_one, "--max-buffers", per_batch]
             plain = [*baseline, "--only", "batch"]
             stream = [*baseline, "--only", "streaming", "--max-files-per-trigger", "2"]
-            given = ["--java-options", with_archive]
+            given = ["--java-options", replays]
             # name: (the command, whether its JVM starts from the archive)
             commands: dict[str, tuple[list[str], bool]] = {
                 "replay 1 batch": (run_one, True),
                 "replay 1 batch, no archive": ([*off, *run_one], False),
                 "plain batch": (plain, False),
-                "plain batch, archive": ([*plain, *given], True),
+                "plain batch, Replay's JVM options": ([*plain, *given], True),
                 "replay ~20 batches": (run_many, True),
                 "replay ~20 batches, no archive": ([*off, *run_many], False),
                 "streaming ~20 triggers": (stream, False),
-                "streaming ~20 triggers, archive": ([*stream, *given], True),
+                "streaming ~20 triggers, Replay's JVM options": ([*stream, *given], True),
             }
             timed: dict[str, list[float]] = {}
             for attempt in range(repeats + 1):  # round 0 warms the page cache and is not counted
@@ -94,9 +96,9 @@ def bench_cold(
             shutil.rmtree(work, ignore_errors=True)
         mid = {name: statistics.median(values) for name, values in timed.items()}
         pairs = {
-            "replay 1 batch": ("plain batch", "plain batch, archive"),
+            "replay 1 batch": ("plain batch", "plain batch, Replay's JVM options"),
             "replay 1 batch, no archive": ("plain batch",),
-            "replay ~20 batches": ("streaming ~20 triggers", "streaming ~20 triggers, archive"),
+            "replay ~20 batches": ("streaming ~20 triggers", "streaming ~20 triggers, Replay's JVM options"),
             "replay ~20 batches, no archive": ("streaming ~20 triggers",),
         }
         for name, values in timed.items():

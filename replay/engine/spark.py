@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 import shutil
 import socket
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_java",
+    "compiler_options",
     "driver_arrow_memory",
     "driver_java_options",
     "follow_cores",
@@ -89,9 +91,28 @@ def check_java() -> None:
     )
 
 
+#: When the JIT's optimizing compiler (C2, tier 4) takes a method: at ten times the JDK's
+#: invocation, loop and compile thresholds. With the defaults, C2 spent 16 to 21 s of CPU on some
+#: 1,500 methods in a cold 20-batch run of 10M tuples that took 22 to 25 s on two cores, mostly on
+#: code that runs a few thousand times while the JVM starts and plans; that CPU is the tasks'. At
+#: ten times, C2 took 10 to 11 s and the run 2 s less; the per-row code, which runs millions of
+#: times, still reaches C2 within the first batch, and a warm session runs as fast as before
+#: (docs/performance.md, "The JIT's optimizing compiler, later").
+_COMPILE_THRESHOLDS = (
+    "-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=6000 "
+    "-XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000"
+)
+
+
+def compiler_options() -> str:
+    """The JIT options Replay gives the driver's JVM (``_COMPILE_THRESHOLDS``)."""
+    return _COMPILE_THRESHOLDS
+
+
 def driver_java_options() -> str:
     """The driver's JVM options Replay sets: its log4j2 configuration (warnings and errors only),
-    and the class-data archive when ``replay jvm-archive`` made one (``replay.engine.jvm_archive``).
+    the JIT's later optimizing compilation (``compiler_options``), and the class-data archive when
+    ``replay jvm-archive`` made one (``replay.engine.jvm_archive``).
 
     spark-submit callers pass it as ``--conf spark.driver.extraJavaOptions=...``: the JVM is
     started before Replay's code runs.
@@ -99,7 +120,7 @@ def driver_java_options() -> str:
     from replay.engine.jvm_archive import java_options
 
     log_config = Path(__file__).with_name("log4j2.properties")
-    return f"-Dlog4j2.configurationFile={log_config.as_uri()} {java_options()}".strip()
+    return f"-Dlog4j2.configurationFile={log_config.as_uri()} {compiler_options()} {java_options()}".strip()
 
 
 @functools.cache
@@ -165,6 +186,8 @@ def get_session(settings: SparkSettings | None = None, *, app_name: str = "repla
         conf = with_job_conf(conf, settings.conf)
     for key, value in conf.items():
         builder = builder.config(key, value)
+    if not submitted:
+        _import_ahead()
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     for key, value in _per_core(session).items():
@@ -172,6 +195,21 @@ def get_session(settings: SparkSettings | None = None, *, app_name: str = "repla
             session.conf.set(key, value)
             session.conf.set(_CHOSEN + key, value)
     return session
+
+
+def _import_ahead() -> None:
+    """Import, in a thread of its own, what PySpark imports the first time py4j converts an
+    argument once the JVM is up: ``pyspark.testing.utils``, and pandas through it (0.35 s of a cold
+    run, docs/performance.md). Started just before the JVM is, it runs while this thread only waits
+    for the JVM's gateway; PySpark's own import then finds the module loaded (or waits for it)."""
+    if "pyspark.testing.utils" in sys.modules:
+        return
+
+    def load() -> None:
+        with contextlib.suppress(Exception):  # PySpark imports it again, and says what went wrong
+            importlib.import_module("pyspark.testing.utils")
+
+    threading.Thread(target=load, name="replay-import-ahead", daemon=True).start()
 
 
 def planned_master(settings: SparkSettings | None = None) -> str | None:

@@ -53,3 +53,47 @@ def test_a_chosen_setting_follows_the_cores_and_a_given_one_stands(spark: Any) -
         follow_cores(spark)
         assert spark.conf.get(_SHUFFLE) == "7"
         assert spark.conf.get(_MIN_SPLITS) == str(2 * cores)  # not the one chosen: left alone
+
+
+def test_the_driver_jvm_compiles_with_the_optimizing_compiler_later(spark: Any) -> None:
+    """The test session's JVM, started with ``driver_java_options`` as every Replay driver is, runs
+    with the JIT's tier-4 thresholds Replay gives it (``compiler_options``): the JVM took them."""
+    from replay.engine.spark import compiler_options, driver_java_options
+
+    assert compiler_options() in driver_java_options()
+    jvm = spark.sparkContext._jvm
+    taken = set(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    wanted = compiler_options().split()
+    assert wanted and set(wanted) <= taken
+    flags = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    )
+    assert flags.getVMOption("Tier4InvocationThreshold").getValue() == "50000"
+
+
+def test_pyspark_s_converters_are_imported_ahead_in_a_thread_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before a JVM starts, ``get_session`` imports what PySpark imports once the JVM is up
+    (``pyspark.testing.utils``, pandas with it) in another thread; nothing when it is loaded."""
+    import importlib
+    import sys
+    import threading
+
+    from replay.engine import spark as module
+
+    calls: list[tuple[str, str]] = []
+    done = threading.Event()
+
+    def recorded(name: str) -> object:
+        calls.append((name, threading.current_thread().name))
+        done.set()
+        return None
+
+    monkeypatch.setattr(importlib, "import_module", recorded)
+    monkeypatch.setitem(sys.modules, "pyspark.testing.utils", sys.modules.get("pyspark.testing.utils"))
+    module._import_ahead()  # loaded: nothing to do
+    assert not calls
+    monkeypatch.delitem(sys.modules, "pyspark.testing.utils")
+    module._import_ahead()
+    assert done.wait(10)
+    assert calls == [("pyspark.testing.utils", "replay-import-ahead")]
+    assert threading.current_thread().name != "replay-import-ahead"

@@ -97,7 +97,7 @@ def check_java() -> None:
 #: code that runs a few thousand times while the JVM starts and plans; that CPU is the tasks'. At
 #: ten times, C2 took 10 to 11 s and the run 2 s less; the per-row code, which runs millions of
 #: times, still reaches C2 within the first batch, and a warm session runs as fast as before
-#: (docs/performance.md, "The JIT's optimizing compiler, later").
+#: (docs/performance.md, "Where a cold run's CPU goes").
 _COMPILE_THRESHOLDS = (
     "-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=6000 "
     "-XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000"

@@ -124,7 +124,6 @@ def scan_buffers(
     event_times: bool = True,
     cache: FileCache | None = None,
     threads: int | None = None,
-    hash_threads: int | None = None,
 ) -> BufferScan:
     """Extract, check and deduplicate the archive's buffers.
 
@@ -136,8 +135,7 @@ def scan_buffers(
     without it (``replay inspect``) it is reported and the first copy is kept. ``threads``: read in
     that many of the driver's threads instead of Spark tasks (``replay.engine.scan.read_in_tasks``);
     ``spark`` may then be ``None`` (``replay inspect`` with a local master starts no session), and
-    the paths Spark reports for the files (``spark_paths``) are not known. ``hash_threads``: read
-    the rows of the copies to hash in that many of the driver's threads (default ``threads``).
+    the paths Spark reports for the files (``spark_paths``) are not known.
 
     Raises:
         BadBufferError: a null or out-of-range identity, metadata that differs within a buffer,
@@ -162,9 +160,7 @@ def scan_buffers(
     ]
     del records
     release_arrow_memory()
-    hashes, spark_paths, hashed = cached_content_hashes(
-        spark, layout, repeated, cache, threads=threads if hash_threads is None else hash_threads
-    )
+    hashes, spark_paths, hashed = cached_content_hashes(spark, layout, repeated, cache, threads=threads)
 
     # The kept copies stay packed (``PackedBuffers``: one array, file paths shared); a ``Buffer`` is
     # made only for the copies of identities with several, to compare them.

@@ -5,10 +5,10 @@ Only identities with more than one copy are hashed (a buffer archived twice, or 
 it was replayed); the metadata scan (``replay.engine.scan``) reads the other columns of every copy,
 and ``replay.engine.buffers`` deduplicates by the hashes ``content_hashes`` gives.
 
-The hashing runs in the driver's threads when the driver's machine runs the tasks (a local master,
-for a run and for ``replay inspect``), else in Spark tasks (``replay.engine.scan.read_in_tasks``):
-``mapInArrow`` over the files that hold such copies, one file per task at a time, pyarrow inside
-(only the hashes reach the driver, never tuples). A reader decodes only the row groups around the copies' row ranges,
+The hashing runs where the scan's reading runs (``replay.engine.scan.read_in_tasks``): for a run in
+Spark tasks, ``mapInArrow`` over the files that hold such copies, one file per task at a time,
+pyarrow inside (only the hashes reach the driver, never tuples); for ``replay inspect`` with a local
+master in the driver's threads. A reader decodes only the row groups around the copies' row ranges,
 a batch at a time, keeps only the rows around each copy, checks that each range still holds its copy
 (the identity on every row of it, and not on the rows next to it), and gives one hash per copy.
 

@@ -45,7 +45,7 @@ from replay.engine.archive import (
 from replay.engine.buffers import scan_buffers
 from replay.engine.copies import Copy, cached_content_hashes
 from replay.engine.inspection import participants_of
-from replay.engine.scan import FileCache, driver_threads
+from replay.engine.scan import FileCache
 from replay.engine.spark import driver_arrow_memory, job_progress
 from replay.runner.batch import Batch, RunContext, fault, process
 from replay.runner.dedup import deduplicate
@@ -323,27 +323,14 @@ class _Runner:
             self.event("scan", done, total)
 
         spark = self.spark
-        # The rows of the copies to hash (a few buffers, 32k rows at a time) are read in the
-        # driver's threads when its machine runs the tasks (a local master): no Spark job and no
-        # Python worker for them. The metadata records stay in Spark tasks, whose memory they
-        # take instead of the driver's (docs/performance.md).
-        local = driver_threads(spark)
         with job_progress(spark, scanning if self._listened else None):
-            scan = scan_buffers(
-                spark,
-                layout,
-                config,
-                strict=True,
-                event_times=self.range != (None, None),
-                cache=cache,
-                hash_threads=local,
-            )
+            scan = scan_buffers(spark, layout, config, strict=True, event_times=self.range != (None, None), cache=cache)
         self.event("scan", seen[1], seen[1])
         schema = spark_schema(layout)
         state.spark_paths.update(scan.spark_paths)
 
         def hasher(copies: Sequence[Copy]) -> Mapping[tuple[str, int], str]:
-            hashes, paths, _ = cached_content_hashes(self.spark, layout, copies, cache, threads=local)
+            hashes, paths, _ = cached_content_hashes(self.spark, layout, copies, cache)
             state.spark_paths.update(paths)
             return hashes
 

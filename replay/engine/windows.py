@@ -183,11 +183,12 @@ def partials(
     the rows is needed; the other groups have a null ``_late``. ``rest_by`` (with ``rest_group``):
     a column whose value splits the rest group (one group per value, in column ``_rb``; null on
     every other group), so that ``extra`` aggregates count the rows outside every window per value
-    of it (a pass of several batches: per batch). ``tuple_flag`` (with ``late``, for windows that
-    own their members, every row's ``_first`` true): the column that is false on a punctuation
-    row; each group then counts all its rows in ``_all``, and the punctuation rows outside every
-    window are a rest group of their own (window start ``PUNCTUATION_START``), so that a pass's
-    rows and tuples are sums over the groups instead of aggregates over every row.
+    of it (a pass of several batches: per batch). ``tuple_flag`` (with ``rest_group``, for windows
+    that own their members, every row's ``_first`` true; with or without ``late``): the column that
+    is false on a punctuation row; each group then counts all its rows in ``_all``, and the
+    punctuation rows outside every window are a rest group of their own (window start
+    ``PUNCTUATION_START``), so that a pass's rows and tuples are sums over the groups instead of
+    aggregates over every row.
     """
     from pyspark.sql import functions as F
 
@@ -221,21 +222,33 @@ def partials(
     else:
         rest_key = []
     exprs = _partial_exprs(spec, cols, member, owned)
-    if late is None:
+    if late is None and tuple_flag is None:
         return _first_batch(assigned.groupBy(*keys, *rest_key).agg(*exprs, *first, *extra), first_batch)
     # A late tuple is never a member of a window, so a group holds members or late tuples: one count
     # of both (``_n``) is its ``_rows`` or its ``_late_n``, and where every window owns its members
-    # its ``_owned`` too (an aggregate or two less per group, updated on every row).
-    late_once = F.col("_first") & late.isNotNull()
+    # its ``_owned`` too (an aggregate or two less per group, updated on every row). Without
+    # ``late`` (no row of the pass can be late) a group holds members only, or no member at all.
     each = owns_its_members(spec, cols)
-    counted_rows = F.lit(1) if tuple_flag is not None else F.when(member | late_once, F.lit(1))
-    grouped = assigned.groupBy(*keys, late.alias("_late"), *rest_key).agg(
+    if tuple_flag is not None:
+        counted_rows = F.lit(1)
+    else:
+        assert late is not None
+        counted_rows = F.when(member | (F.col("_first") & late.isNotNull()), F.lit(1))
+    late_key = [] if late is None else [late.alias("_late")]
+    grouped = assigned.groupBy(*keys, *late_key, *rest_key).agg(
         F.count(counted_rows).alias("_n"), *exprs[2 if each else 1 :], *first, *extra
     )
-    is_late = F.col("_late").isNotNull()
-    not_members = is_late if tuple_flag is None else is_late | (F.col("window_start") <= F.lit(PUNCTUATION_START))
+    not_members: Column | None = None if late is None else F.col("_late").isNotNull()
+    if tuple_flag is not None:
+        outside = F.col("window_start") <= F.lit(PUNCTUATION_START)  # the rest groups
+        not_members = outside if not_members is None else not_members | outside
+    assert not_members is not None
     members = F.when(not_members, F.lit(0).cast("long")).otherwise(F.col("_n"))
-    late_n = F.when(is_late, F.col("_n")).otherwise(F.lit(0).cast("long")).alias("_late_n")
+    late_n = (
+        []
+        if late is None
+        else [F.when(F.col("_late").isNotNull(), F.col("_n")).otherwise(F.lit(0).cast("long")).alias("_late_n")]
+    )
     # The columns in the order without ``late``: ``_n`` becomes ``_rows`` (and ``_owned``), and
     # ``_late_n`` comes before ``extra``.
     names = grouped.columns
@@ -244,7 +257,7 @@ def partials(
     every = [F.col("_n").alias("_all")] if tuple_flag is not None else []
     # ``_first_batch``'s column in the same projection (one analysis of the plan less).
     fb = [F.when(members > 0, F.lit(first_batch).cast("long")).alias("_fb")] if isinstance(first_batch, int) else []
-    return grouped.select(*names[:at], *counted, *names[at + 1 : end], late_n, *names[end:], *every, *fb)
+    return grouped.select(*names[:at], *counted, *names[at + 1 : end], *late_n, *names[end:], *every, *fb)
 
 
 def _first_batch(grouped: DataFrame, first_batch: str | int | None) -> DataFrame:

@@ -229,37 +229,45 @@ def test_run_equals_reference_with_two_watermark_keys(spark: Any, drawn: Drawn, 
     _compare(spark, drawn, jobs)
 
 
+@pytest.mark.parametrize("late_fraction", [0.05, 0.0], ids=["late-tuples", "no-late-tuple"])
 @pytest.mark.parametrize("batches_per_pass", [None, 32], ids=["one-batch", "several-batches-per-pass"])
 def test_a_tumbling_run_counts_rows_and_tuples_from_its_groups(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batches_per_pass: int | None
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batches_per_pass: int | None, late_fraction: float
 ) -> None:
     """One key, tumbling windows, no copy carried in: the pass takes the ledger's rows, tuples,
     late and on-time counts from the window aggregation's groups (``replay.engine.aggregate``), with
     the punctuation rows of idle origins in a group of their own; in a pass of several batches a
-    batch's rows outside every window are its groups' rows there. The run's ledger holds, and its
-    windows and late rows are the model's."""
+    batch's rows outside every window are its groups' rows there. So it does when no copy can hold
+    a late tuple (event-time watermarks, so that the scan knows each copy's smallest event time, and
+    no late tuple: no late group at all). The run's ledger holds, and its windows and late rows are
+    the model's."""
     archive = tmp_path / "archive"
-    generate_archive(archive, dataclasses.replace(FEATURED, idle=1, late_fraction=0.05, seed=11))
+    generate_archive(archive, dataclasses.replace(FEATURED, idle=1, late_fraction=late_fraction, seed=11))
     rows = pa.concat_tables([pq.read_table(p) for p in sorted(archive.glob("*.parquet"))])
     assert rows.filter(pc.is_null(rows["key"])).num_rows > 0  # idle markers: punctuation rows
     windows = [{"name": "w", "size": "500ms", "aggregations": [{"fn": "count"}, {"fn": "sum", "column": "value"}]}]
     settings: dict[str, Any] = {"archive": str(archive), "output": str(tmp_path / "out"), "windows": windows}
     if batches_per_pass is not None:
         settings["micro_batch"] = {"max_buffers": 5, "max_batches_per_pass": batches_per_pass}
+    if not late_fraction:
+        # Event-time watermarks, lenient enough that no tuple of this archive is late.
+        settings["watermarks"] = {"default": {"event_time": "event_time", "allowed_lateness": "10s"}}
     config = parse_config(settings)
-    # Which way each pass counted: with the groups' counts (``tuple_flag``), by batch (``rest_by``).
-    taken: list[tuple[bool, bool]] = []
+    # Which way each pass counted: with the groups' counts (``tuple_flag``), by batch (``rest_by``),
+    # with late groups (``late``).
+    taken: list[tuple[bool, bool, bool]] = []
     partials = aggregate.partials
 
     def spy(*args: Any, **kwargs: Any) -> Any:
-        taken.append((kwargs.get("tuple_flag") is not None, kwargs.get("rest_by") is not None))
+        taken.append(tuple(kwargs.get(name) is not None for name in ("tuple_flag", "rest_by", "late")))
         return partials(*args, **kwargs)
 
     monkeypatch.setattr(aggregate, "partials", spy)
     expected = reference_view(config)
     actual = job_view(config, spark)
-    assert taken == [(True, batches_per_pass is not None)], taken  # one pass, counting from its groups
-    assert expected["late"], "the archive has late tuples"
+    # One pass, counting from its groups.
+    assert taken == [(True, batches_per_pass is not None, late_fraction > 0)], taken
+    assert bool(expected["late"]) == (late_fraction > 0), "the archive has late tuples, or none"
     _same_windows(actual["windows"], expected["windows"])
     assert actual["late"] == expected["late"]
     assert actual["open"] == expected["open"]

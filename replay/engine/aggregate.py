@@ -193,9 +193,9 @@ def run_pass(
     # outside every window are then no late and no on-time tuple of any batch (a row is a window's
     # member exactly when it is on time, and a late group's when it is late), so what
     # ``pass_counts.derived`` takes from a batch's groups outside every window is their rows.
-    # The same holds when no copy of the pass can hold a late tuple: no late group, every late count 0.
-    no_late = rows_frame is not None and not candidates and nkeys == 1 and bool(specs)
-    from_groups = not carried and (late_in_windows or no_late) and not bounded and follows
+    # The same holds when no copy of the pass can hold a late tuple (no late group, every late count
+    # 0), so whether the pass has late rows does not matter.
+    from_groups = rows_frame is not None and nkeys == 1 and bool(specs) and not carried and not bounded and follows
     if from_groups:
         # The copy checksum is the one count left over the rows; the rows and tuples are the
         # groups' counts of all their rows, less the punctuation rows' group for the tuples

@@ -232,23 +232,16 @@ def partials(
     if tuple_flag is not None:
         counted_rows = F.lit(1)
     else:
-        assert late is not None
+        assert late is not None  # the early return above
         counted_rows = F.when(member | (F.col("_first") & late.isNotNull()), F.lit(1))
     late_key = [] if late is None else [late.alias("_late")]
     grouped = assigned.groupBy(*keys, *late_key, *rest_key).agg(
         F.count(counted_rows).alias("_n"), *exprs[2 if each else 1 :], *first, *extra
     )
-    not_members: Column | None = None if late is None else F.col("_late").isNotNull()
-    if tuple_flag is not None:
-        outside = F.col("window_start") <= F.lit(PUNCTUATION_START)  # the rest groups
-        not_members = outside if not_members is None else not_members | outside
-    assert not_members is not None
+    is_late = F.lit(False) if late is None else F.col("_late").isNotNull()
+    not_members = is_late if tuple_flag is None else is_late | (F.col("window_start") <= F.lit(PUNCTUATION_START))
     members = F.when(not_members, F.lit(0).cast("long")).otherwise(F.col("_n"))
-    late_n = (
-        []
-        if late is None
-        else [F.when(F.col("_late").isNotNull(), F.col("_n")).otherwise(F.lit(0).cast("long")).alias("_late_n")]
-    )
+    late_n = [] if late is None else [F.when(is_late, F.col("_n")).otherwise(F.lit(0).cast("long")).alias("_late_n")]
     # The columns in the order without ``late``: ``_n`` becomes ``_rows`` (and ``_owned``), and
     # ``_late_n`` comes before ``extra``.
     names = grouped.columns

@@ -184,7 +184,8 @@ case "$cmd" in
         else
             as_pg() { "$@"; }
         fi
-        secret() { "$py" -c 'import secrets; print(secrets.token_urlsafe(24))'; }
+        # A random secret of ${1:-24} bytes; the API's JWT key takes 48 (64 characters, what HS512 asks for).
+        secret() { "$py" -c "import secrets; print(secrets.token_urlsafe(${1:-24}))"; }
         pg_password=$(secret)
         admin_password=$(secret)
         names=()
@@ -258,8 +259,8 @@ case "$cmd" in
             AIRFLOW__API__PORT="$port" \
             AIRFLOW__API__BASE_URL="http://127.0.0.1:$port" \
             AIRFLOW__API__WORKERS="${AIRFLOW__API__WORKERS:-1}" \
-            AIRFLOW__API__SECRET_KEY="$(secret)" \
-            AIRFLOW__API_AUTH__JWT_SECRET="$(secret)" \
+            AIRFLOW__API__SECRET_KEY="$(secret 48)" \
+            AIRFLOW__API_AUTH__JWT_SECRET="$(secret 48)" \
             AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT="$(free_port)" \
             AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT="$(free_port)" \
             AIRFLOW__REPLAY__ROOT="${AIRFLOW__REPLAY__ROOT:-$PWD/data}" \

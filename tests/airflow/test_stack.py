@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import re
 import shutil
 import socket
 import tempfile
@@ -88,6 +89,8 @@ class StackRun:
     backfill_seconds: float
     backfill_tasks: dict[str, str]
     backfill_durations: dict[str, float | None]
+    #: When the backfill did not succeed: its task logs and the services' warnings, for the failure's message.
+    backfill_logs: str
     listing_after: Response
     anonymous_after: Response
     scheduled: Scheduled | None
@@ -174,6 +177,7 @@ def run_on_the_stack() -> StackRun:
             ).json()["task_instances"]
             tasks = {t["task_id"]: str(t["state"]) for t in instances}
             durations = {t["task_id"]: t.get("duration") for t in instances}
+        backfill_logs = "" if state == "success" else _logs_of(stack, "replay_backfill", "backfill__")
         listing_after = stack.request("/replay/api/replays", token=jwt)
         anonymous_after = stack.request("/replay/api/replays")
         scheduled, scheduled_error = None, None
@@ -201,6 +205,7 @@ def run_on_the_stack() -> StackRun:
         backfill_seconds=backfill_seconds,
         backfill_tasks=tasks,
         backfill_durations=durations,
+        backfill_logs=backfill_logs,
         listing_after=listing_after,
         anonymous_after=anonymous_after,
         scheduled=scheduled,
@@ -213,6 +218,30 @@ def run_on_the_stack() -> StackRun:
 
 
 TERMINAL = ("success", "failed")
+
+
+def _logs_of(stack: Stack, dag_id: str, run_prefix: str, tail: int = 40) -> str:
+    """The last lines of each task log of the DAG's runs whose id starts with ``run_prefix``, and the
+    warnings and errors the scheduler and api-server logged: what a failed run's assertion shows."""
+    parts: list[str] = []
+    logs = stack.directory / "home" / "logs" / f"dag_id={dag_id}"
+    for path in sorted(logs.glob(f"run_id={run_prefix}*/task_id=*/attempt=*.log")):
+        lines = []
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                lines.append(line)
+                continue
+            errors = " <- ".join(f"{e['exc_type']}: {e['exc_value']}" for e in record.get("error_detail") or [])
+            lines.append(f"{record.get('timestamp', '')} {record.get('level', '')} {record.get('event', '')} {errors}")
+        parts.append(f"== {path.relative_to(logs)}\n" + "\n".join(lines[-tail:]))
+    for service in ("scheduler", "api-server"):
+        path = stack.directory / "logs" / f"{service}.log"
+        if path.exists():
+            noted = [x for x in path.read_text(errors="replace").splitlines() if re.search(r"warn|error|fail", x, re.I)]
+            parts.append(f"== {service}.log, warnings and errors\n" + "\n".join(x[:400] for x in noted[-tail:]))
+    return "\n".join(parts)
 
 
 def _runs(stack: Stack, jwt: str, dag_id: str) -> list[dict[str, Any]]:
@@ -398,7 +427,7 @@ def test_a_backfill_run_by_the_scheduler_publishes_what_replay_run_computes_over
     done: StackRun, spark: Any, tmp_path: Path
 ) -> None:
     seen = (done.backfill_state, f"{done.backfill_seconds:.0f} s", done.backfill_tasks, done.backfill_durations)
-    assert done.backfill_state == "success", seen
+    assert done.backfill_state == "success", f"{seen}\n{done.backfill_logs}"
     assert done.backfill_tasks == dict.fromkeys(("plan", "replay", "validate", "publish", "report"), "success")
     print(f"backfill run done in {done.backfill_seconds:.0f} s, task seconds {done.backfill_durations}")
     archive = done.root / "archives" / "bf"

@@ -320,8 +320,8 @@ TRANSLATED = {
         "postgresql+psycopg://airflow:${REPLAY_POSTGRES_PASSWORD:-insecure-change-me}@postgres:5432/airflow",
     ),
     # Made up at each start by dev.sh; set once in docker/.env for a deployment.
-    "AIRFLOW__API__SECRET_KEY": ("$(secret)", "${REPLAY_API_SECRET_KEY:-insecure-change-me-api-secret-key}"),
-    "AIRFLOW__API_AUTH__JWT_SECRET": ("$(secret)", "${REPLAY_JWT_SECRET:-insecure-change-me-jwt-secret}"),
+    "AIRFLOW__API__SECRET_KEY": ("$(secret 48)", "${REPLAY_API_SECRET_KEY:-insecure-change-me-api-secret-key}"),
+    "AIRFLOW__API_AUTH__JWT_SECRET": ("$(secret 48)", "${REPLAY_JWT_SECRET:-insecure-change-me-jwt-secret}"),
     # dev.sh picks free ports (stacks side by side on one machine); a container has its own, Airflow's defaults.
     "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": ("$(free_port)", "8793"),
     "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": ("$(free_port)", "8794"),

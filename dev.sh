@@ -147,7 +147,8 @@ case "$cmd" in
         # sharing one JWT secret. Airflow's SimpleAuthManager has one user, admin, with a password made
         # up at start (printed). Settings: AIRFLOW__API__PORT (default 8088), AIRFLOW__REPLAY__ROOT
         # (default data/), AIRFLOW_STACK_DIR (AIRFLOW_HOME, logs, env.sh; default a temporary
-        # directory, removed at the end). 'source <dir>/env.sh' points the airflow CLI at the stack.
+        # directory, removed at the end), AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT (default 30 s,
+        # not Airflow's 5: the api-server shares this machine's cores with Spark). 'source <dir>/env.sh' points the airflow CLI at the stack.
         # Ctrl-C or SIGTERM stops every service, then Postgres. If one fails to start, the script
         # names it, prints the end of its log and stops the others.
         setup
@@ -259,6 +260,7 @@ case "$cmd" in
             AIRFLOW__API__PORT="$port" \
             AIRFLOW__API__BASE_URL="http://127.0.0.1:$port" \
             AIRFLOW__API__WORKERS="${AIRFLOW__API__WORKERS:-1}" \
+            AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT="${AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT:-30}" \
             AIRFLOW__API__SECRET_KEY="$(secret 48)" \
             AIRFLOW__API_AUTH__JWT_SECRET="$(secret 48)" \
             AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT="$(free_port)" \
@@ -278,14 +280,19 @@ case "$cmd" in
             pids+=($!)
             names+=("$service")
         done
-        # Up when the api-server answers and reports a heartbeat from each of the other three.
+        # Up when the api-server answers and reports a heartbeat from each of the other three, and its
+        # execution API (the tasks' calls) has answered once: the api-server builds that API at its first
+        # request, which took 6.7 s on an idle machine and over 10 s under load, longer than Airflow's
+        # default wait of a task for an answer. Paid here, no task's first call pays it.
         health="http://127.0.0.1:$port/api/v2/monitor/health"
         deadline=$((SECONDS + ${AIRFLOW_STACK_TIMEOUT:-180}))
-        until "$py" - "$health" <<'PYEOF' 2>/dev/null
+        until "$py" - "$health" "http://127.0.0.1:$port/execution/health" <<'PYEOF' 2>/dev/null
 import json, sys, urllib.request
 state = json.load(urllib.request.urlopen(sys.argv[1], timeout=5))
 parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
-sys.exit(0 if all(state[p]["status"] == "healthy" for p in parts) else 1)
+if not all(state[p]["status"] == "healthy" for p in parts):
+    sys.exit(1)
+sys.exit(0 if json.load(urllib.request.urlopen(sys.argv[2], timeout=120))["status"] == "healthy" else 1)
 PYEOF
         do
             for i in "${!pids[@]}"; do

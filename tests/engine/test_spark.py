@@ -97,3 +97,39 @@ def test_pyspark_s_converters_are_imported_ahead_in_a_thread_of_their_own(monkey
     assert done.wait(10)
     assert calls == [("pyspark.testing.utils", "replay-import-ahead")]
     assert threading.current_thread().name != "replay-import-ahead"
+
+
+@pytest.mark.parametrize("submitted", [False, True])
+def test_get_session_starts_the_import_ahead_just_before_the_jvm(
+    monkeypatch: pytest.MonkeyPatch, submitted: bool
+) -> None:
+    """A session of its own starts the import thread, then the JVM; under spark-submit the JVM is up already."""
+    import os
+    import sys
+
+    from pyspark.sql import SparkSession
+
+    from replay.engine import spark as module
+
+    order: list[str] = []
+
+    class Started(Exception):
+        pass
+
+    def get_or_create(self: Any) -> None:
+        order.append("jvm")
+        raise Started
+
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))  # not the test session's
+    monkeypatch.setattr(SparkSession.Builder, "getOrCreate", get_or_create)
+    monkeypatch.setattr(module, "check_java", lambda: None)
+    monkeypatch.setattr(module, "_import_ahead", lambda: order.append("import ahead"))
+    for name in ("PYSPARK_PYTHON", "SPARK_LOCAL_IP"):  # set by get_session if unset: put back after
+        monkeypatch.setenv(name, os.environ.get(name, sys.executable if name == "PYSPARK_PYTHON" else "127.0.0.1"))
+    if submitted:
+        monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")
+    else:
+        monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    with pytest.raises(Started):
+        module.get_session()
+    assert order == (["jvm"] if submitted else ["import ahead", "jvm"])

@@ -455,6 +455,9 @@ class _Canned(http.server.BaseHTTPRequestHandler):
     answers: ClassVar[dict[str, Any]] = {}
 
     def do_GET(self) -> None:
+        if self.path not in self.answers:
+            self.send_error(404)
+            return
         body = json.dumps(self.answers[self.path]).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -478,25 +481,39 @@ def canned_server(answers: dict[str, Any]) -> Iterator[int]:
         server.server_close()
 
 
+MONITOR, EXECUTION = "/api/v2/monitor/health", "/execution/health"
+
+
 @pytest.mark.parametrize(
     ("service", "healthy", "unhealthy"),
     [
-        ("api-server", {"metadatabase": {"status": "healthy"}}, {"metadatabase": {"status": "unhealthy"}}),
-        ("spark-master", {"status": "ALIVE", "aliveworkers": 0}, {"status": "STANDBY"}),
-        ("spark-worker", {"masterurl": "spark://spark-master:7077"}, {"masterurl": ""}),
+        (
+            "api-server",
+            {MONITOR: {"metadatabase": {"status": "healthy"}}, EXECUTION: {"status": "healthy"}},
+            [
+                {MONITOR: {"metadatabase": {"status": "unhealthy"}}, EXECUTION: {"status": "healthy"}},
+                {MONITOR: {"metadatabase": {"status": "healthy"}}},  # the execution API does not answer
+            ],
+        ),
+        ("spark-master", {"/json/": {"status": "ALIVE", "aliveworkers": 0}}, [{"/json/": {"status": "STANDBY"}}]),
+        ("spark-worker", {"/json/": {"masterurl": "spark://spark-master:7077"}}, [{"/json/": {"masterurl": ""}}]),
     ],
 )
-def test_the_python_health_checks_tell_up_from_down(service: str, healthy: Any, unhealthy: Any) -> None:
+def test_the_python_health_checks_tell_up_from_down(
+    service: str, healthy: dict[str, Any], unhealthy: list[dict[str, Any]]
+) -> None:
     """Each Python health check, pointed at a stand-in serving what the service answers when up, and when not."""
     test = services()[service]["healthcheck"]["test"]
     assert test[:3] == ["CMD", "python", "-c"]
-    url = re.search(r"'(http://127\.0\.0\.1:\d+(/[^']*))'", test[3])
-    assert url
-    for answer, code in ((healthy, 0), (unhealthy, 1)):
-        with canned_server({url.group(2): answer}) as port:
-            script = test[3].replace(url.group(1), f"http://127.0.0.1:{port}{url.group(2)}")
+    urls = re.findall(r"'(http://127\.0\.0\.1:\d+(/[^']*))'", test[3])
+    assert sorted(path for _, path in urls) == sorted(healthy)
+    for answers, code in [(healthy, 0)] + [(answer, 1) for answer in unhealthy]:
+        with canned_server(answers) as port:
+            script = test[3]
+            for url, path in urls:
+                script = script.replace(url, f"http://127.0.0.1:{port}{path}")
             result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-        assert result.returncode == code, (answer, result.stderr)
+        assert result.returncode == code, (answers, result.stderr)
 
 
 def test_secrets_come_from_the_environment_with_marked_defaults() -> None:

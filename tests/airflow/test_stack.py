@@ -184,6 +184,9 @@ def run_on_the_stack() -> StackRun:
         try:
             scheduled = _scheduled_runs(stack, jwt, root, work, live_files[1:])
         except Exception as error:  # reported by the tests of the scheduled DAGs; the others still check theirs
+            for dag_id in ("replay_quality_report", "replay_watermark_gate"):
+                error.add_note(_logs_of(stack, dag_id, "", tail=15, services=()))
+            error.add_note(_logs_of(stack, "replay_scheduled", "", tail=15))
             scheduled_error = error
         stop = time.monotonic()
     stopped_in = time.monotonic() - stop
@@ -220,7 +223,9 @@ def run_on_the_stack() -> StackRun:
 TERMINAL = ("success", "failed")
 
 
-def _logs_of(stack: Stack, dag_id: str, run_prefix: str, tail: int = 40) -> str:
+def _logs_of(
+    stack: Stack, dag_id: str, run_prefix: str, tail: int = 40, services: tuple[str, ...] = ("scheduler", "api-server")
+) -> str:
     """The last lines of each task log of the DAG's runs whose id starts with ``run_prefix``, and the
     warnings and errors the scheduler and api-server logged: what a failed run's assertion shows."""
     parts: list[str] = []
@@ -236,7 +241,7 @@ def _logs_of(stack: Stack, dag_id: str, run_prefix: str, tail: int = 40) -> str:
             errors = " <- ".join(f"{e['exc_type']}: {e['exc_value']}" for e in record.get("error_detail") or [])
             lines.append(f"{record.get('timestamp', '')} {record.get('level', '')} {record.get('event', '')} {errors}")
         parts.append(f"== {path.relative_to(logs)}\n" + "\n".join(lines[-tail:]))
-    for service in ("scheduler", "api-server"):
+    for service in services:
         path = stack.directory / "logs" / f"{service}.log"
         if path.exists():
             noted = [x for x in path.read_text(errors="replace").splitlines() if re.search(r"warn|error|fail", x, re.I)]
@@ -341,7 +346,7 @@ def _scheduled_runs(stack: Stack, jwt: str, root: Path, work: Path, new_files: l
     ]
 
     listing = stack.request("/replay/api/replays", token=jwt)
-    live = next((r for r in listing.json()["replays"] if r["name"] == "live"), {})
+    live: dict[str, Any] = next((r for r in listing.json()["replays"] if r["name"] == "live"), {})
     report_url = str((live.get("report") or {}).get("url") or "/replay/files/live/out/_report/index.html")
     shot = work / "replays.png"
     dom = chromium_page(stack.url + "/replay/", cookie=("_token", jwt), screenshot=shot) if CHROMIUM.exists() else ""

@@ -148,7 +148,8 @@ case "$cmd" in
         # up at start (printed). Settings: AIRFLOW__API__PORT (default 8088), AIRFLOW__REPLAY__ROOT
         # (default data/), AIRFLOW_STACK_DIR (AIRFLOW_HOME, logs, env.sh; default a temporary
         # directory, removed at the end), AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT (default 30 s,
-        # not Airflow's 5: the api-server shares this machine's cores with Spark). 'source <dir>/env.sh' points the airflow CLI at the stack.
+        # not Airflow's 5: the api-server shares this machine's cores with Spark). 'source
+        # <dir>/env.sh' points the airflow CLI at the stack.
         # Ctrl-C or SIGTERM stops every service, then Postgres. If one fails to start, the script
         # names it, prints the end of its log and stops the others.
         setup
@@ -282,7 +283,7 @@ case "$cmd" in
         done
         # Up when the api-server answers and reports a heartbeat from each of the other three, and its
         # execution API (the tasks' calls) has answered once: the api-server builds that API at its first
-        # request, which took 6.7 s on an idle machine and over 10 s under load, longer than Airflow's
+        # request, which took 5.5 to 7 s on 2 cores, 10 s under load, longer than Airflow's
         # default wait of a task for an answer. Paid here, no task's first call pays it.
         health="http://127.0.0.1:$port/api/v2/monitor/health"
         deadline=$((SECONDS + ${AIRFLOW_STACK_TIMEOUT:-180}))

@@ -423,7 +423,7 @@ def test_the_replays_page_answers_only_an_airflow_user(done: StackRun) -> None:
     # After the backfill, its checkpoint is listed, finished.
     assert done.listing_after.status == 200
     rows = [r for r in done.listing_after.json()["replays"] if r["name"] != "live"]  # live: replay_scheduled's
-    assert len(rows) == 1 and rows[0]["state"] == "finished", rows
+    assert len(rows) == 1 and rows[0]["state"] == "finished", (rows, "backfill run:", done.backfill_state)
     assert rows[0]["name"].startswith("_checkpoints/outputs/bf/range_"), rows
 
 

@@ -24,7 +24,8 @@ from replay.core.errors import ConflictingDuplicateError, EmptyArchiveError, Loc
 from replay.engine.archive import ArchiveLayout
 from replay.engine.copies import cached_content_hashes
 from replay.engine.copy_checks import check_copies, check_sequences
-from replay.engine.scan import FileCache, scan_columns, scan_records
+from replay.engine.file_cache import FileCache
+from replay.engine.scan import scan_columns, scan_records
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -133,7 +134,7 @@ def scan_buffers(
     more than one copy, to tell duplicates from conflicts. ``cache`` keeps per-file records.
     With ``strict`` (a run), a conflicting duplicate under ``on_conflict: fail`` raises;
     without it (``replay inspect``) it is reported and the first copy is kept. ``threads``: read in
-    that many of the driver's threads instead of Spark tasks (``replay.engine.scan.read_in_tasks``);
+    that many of the driver's threads instead of Spark tasks (``replay.engine.readers.read_in_tasks``);
     ``spark`` may then be ``None`` (``replay inspect`` with a local master starts no session), and
     the paths Spark reports for the files (``spark_paths``) are not known.
 

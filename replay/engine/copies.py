@@ -5,7 +5,7 @@ Only identities with more than one copy are hashed (a buffer archived twice, or 
 it was replayed); the metadata scan (``replay.engine.scan``) reads the other columns of every copy,
 and ``replay.engine.buffers`` deduplicates by the hashes ``content_hashes`` gives.
 
-The hashing runs where the scan's reading runs (``replay.engine.scan.read_in_tasks``): for a run in
+The hashing runs where the scan's reading runs (``replay.engine.readers.read_in_tasks``): for a run in
 Spark tasks, ``mapInArrow`` over the files that hold such copies, one file per task at a time,
 pyarrow inside (only the hashes reach the driver, never tuples); for ``replay inspect`` with a local
 master in the driver's threads. A reader decodes only the row groups around the copies' row ranges,
@@ -30,7 +30,9 @@ import pyarrow as pa
 
 from replay.core.paths import local_path
 from replay.engine.archive import ArchiveLayout
-from replay.engine.scan import FileCache, as_int64, open_parquet, raw_micros, read_in_tasks
+from replay.engine.file_cache import FileCache
+from replay.engine.readers import read_in_tasks
+from replay.engine.scan import as_int64, open_parquet, raw_micros
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

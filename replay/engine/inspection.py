@@ -193,7 +193,7 @@ def inspect_archive(
     Raises:
         ReplayError: unreadable files, schema errors, malformed buffers (docs/errors.md#bad-input).
     """
-    from replay.engine.scan import driver_threads, read_progress
+    from replay.engine.readers import driver_threads, read_progress
     from replay.engine.spark import driver_arrow_memory, get_session, job_progress, planned_master
 
     driver_arrow_memory()

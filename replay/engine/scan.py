@@ -6,58 +6,47 @@ run-length-encoded in a small fraction of a file's bytes. The scan reads only th
 the key column (a null key marks a punctuation row) and, where they are needed, the event
 time columns (event-time watermarks, a backfill's bounds), never the payload.
 
-A run reads in Spark tasks (``mapInArrow`` over the list of files, one file per task at a
-time, pyarrow inside), so on a cluster the files are read by the executors and only the
-per-copy records reach the driver. ``replay inspect`` with a local master reads them in the
-driver's threads instead (``driver_threads``: the executors would be the driver's own
-machine), and starts no SparkSession at all. A file is read in batches of ``_BATCH_ROWS`` rows.
-A *copy* is a maximal run of consecutive rows of one buffer identity in one file.
+Where the files are read is ``replay.engine.readers``' choice: a run reads in Spark tasks
+(pyarrow inside ``mapInArrow``), so on a cluster only the per-copy records reach the driver;
+``replay inspect`` with a local master reads in the driver's threads. A file is read in
+batches of ``_BATCH_ROWS`` rows. A *copy* is a maximal run of consecutive rows of one buffer
+identity in one file.
 
-``FileCache`` keeps each file's records with the checkpoint, keyed by the file's path,
-size, modification time and a digest of its Parquet footer, and by the columns read: a
-file already scanned is never read again, a file rewritten in place is.
+``scan_records`` takes a file's records from the per-file cache (``replay.engine.file_cache``)
+where it holds them, so a file already scanned is never read again, and a file rewritten in
+place is.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from replay.core.errors import ArchiveReadError, Location
 from replay.core.paths import local_path
 from replay.engine.archive import ArchiveLayout
+from replay.engine.readers import read_in_tasks
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from replay.engine.file_cache import FileCache
+
 __all__ = [
-    "FileCache",
     "ScanColumns",
     "as_int64",
-    "driver_threads",
     "open_parquet",
     "raw_micros",
-    "read_in_tasks",
-    "read_progress",
     "scan_columns",
+    "scan_file",
     "scan_files",
     "scan_records",
 ]
 
-_ERROR_MARK = "<<replay-scan>>"
-# Tasks of a ``read_in_tasks`` job per core: a Python task costs tens of milliseconds before its
-# first file, so one wave of tasks beats two (40 files' metadata: 0.49 s against 0.54 s with two
-# per core, 0.61 s with three; medians of six, 2 cores).
-_TASKS_PER_CORE = 1
 # Rows of a file the scan decodes at a time: its metadata columns take some 40 bytes a row, so a
 # batch holds about 10 MiB per reading thread whatever the file's size (a 30M-tuple archive's
 # files are 750k rows each, one row group). Smaller batches cost CPU: the 10M-tuple benchmark's
@@ -301,142 +290,6 @@ def _scan_rows(table: pa.Table, columns: ScanColumns, path: str, offset: int) ->
     return pa.table(out).cast(schema)
 
 
-def driver_threads(spark: SparkSession | None, master: str | None = None) -> int | None:
-    """How many of the driver's threads ``replay inspect`` reads with: the cores of a local master
-    (``local``, ``local[N]``, ``local[*]``, ``local[N, F]``: ``spark``'s, else ``master``),
-    ``None`` for any other master (the reading runs in Spark tasks) or when neither is known."""
-    if spark is not None:
-        master = spark.sparkContext.master
-    if master == "local":
-        return 1
-    if master is None or not (master.startswith("local[") and master.endswith("]")):
-        return None  # another master, or ``local-cluster[...]`` (executors of their own)
-    inside = master[len("local[") : -1].split(",")[0].strip()
-    if inside == "*":
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    try:
-        return max(1, int(inside))
-    except ValueError:
-        return None
-
-
-class _Tally:
-    """Files read out of files planned, over every ``read_in_tasks`` in a ``read_progress`` block."""
-
-    def __init__(self, report: Callable[[int, int], None]) -> None:
-        self.report = report
-        self.done = 0
-        self.planned = 0
-
-    def plan(self, files: int) -> None:
-        self.planned += files
-        self.report(self.done, self.planned)
-
-    def finished(self) -> None:
-        self.done += 1
-        self.report(self.done, self.planned)
-
-
-_TALLY: ContextVar[_Tally | None] = ContextVar("replay_read_progress", default=None)
-
-
-@contextmanager
-def read_progress(report: Callable[[int, int], None] | None) -> Iterator[None]:
-    """While the block runs, report (files read, files planned) of the reads in the driver's
-    threads (``read_in_tasks`` with ``threads``), counted over every read in the block and called
-    from the calling thread as each file finishes. Reads in Spark tasks report through
-    ``replay.engine.spark.job_progress`` instead. No-op when ``report`` is ``None``."""
-    if report is None:
-        yield
-        return
-    token = _TALLY.set(_Tally(report))
-    try:
-        yield
-    finally:
-        _TALLY.reset(token)
-
-
-def read_in_tasks(
-    spark: SparkSession | None,
-    tasks: Sequence[tuple[str, Any]],
-    read: Callable[[str, Any], pa.Table],
-    schema: pa.Schema,
-    *,
-    failure: str,
-    shown: Mapping[str, str] | None = None,
-    threads: int | None = None,
-) -> pa.Table:
-    """``read(path, work)`` of every task ``(path, work)``, their tables collected in ``schema``.
-
-    With ``threads``, in that many of the driver's threads (``spark`` may then be ``None``); else in
-    Spark tasks, one Spark job (one file per task at a time, pyarrow inside: on a cluster the
-    executors read the files).
-
-    Raises:
-        ArchiveReadError: ``read`` failed on a file: "``failure``: the reason", naming the file
-            (``shown``: the name to give a task's path, when it differs).
-    """
-    if not tasks:
-        return schema.empty_table()
-    plan = list(tasks)
-
-    def failed(path: str, reason: str) -> ArchiveReadError:
-        return ArchiveReadError(
-            f"{failure}: {reason.splitlines()[0] if reason else reason}",
-            where=Location(file=(shown or {}).get(path, path)),
-            todo="restore the file from the archiver, or move it out of the archive directory; nothing was committed",
-        )
-
-    if threads is not None:
-        from concurrent.futures import ThreadPoolExecutor, as_completed
-
-        def one(task: tuple[str, Any]) -> pa.Table:
-            try:
-                return read(*task).cast(schema)
-            except Exception as exc:
-                raise failed(task[0], str(exc)) from None
-
-        tally = _TALLY.get()
-        with ThreadPoolExecutor(max_workers=min(threads, len(plan)), thread_name_prefix="replay-read") as pool:
-            futures = [pool.submit(one, task) for task in plan]
-            try:
-                if tally is not None:
-                    tally.plan(len(plan))
-                    for _ in as_completed(futures):
-                        tally.finished()
-                # In the plan's order: the records do not depend on which thread finished first.
-                return pa.concat_tables([future.result() for future in futures])
-            except BaseException:
-                for future in futures:  # a file that cannot be read ends the scan: read no more
-                    future.cancel()
-                raise
-    assert spark is not None, "read_in_tasks: no session and no threads"
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for index in batch.column("id").to_pylist():
-                path, work = plan[index]
-                try:
-                    table = read(path, work)
-                except Exception as exc:  # named for the driver, which turns it into ArchiveReadError
-                    raise RuntimeError(f"{_ERROR_MARK}{path}{_ERROR_MARK}{exc}") from exc
-                yield from table.to_batches()
-
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    parallelism = max(1, min(len(plan), spark.sparkContext.defaultParallelism * _TASKS_PER_CORE))
-    frame = spark.range(len(plan), numPartitions=parallelism)
-    try:
-        result = frame.mapInArrow(run, from_arrow_schema(schema)).toArrow()
-    except Exception as exc:
-        text = str(exc)
-        if _ERROR_MARK not in text:
-            raise
-        _, path, reason = text.split(_ERROR_MARK, 2)
-        raise failed(path, reason) from None
-    return result.cast(schema)
-
-
 def scan_files(
     spark: SparkSession | None, files: Sequence[str], columns: ScanColumns, *, threads: int | None = None
 ) -> pa.Table:
@@ -451,123 +304,6 @@ def scan_files(
         failure="cannot read the file's metadata columns",
         threads=threads,
     )
-
-
-def footer_digest(path: str) -> str | None:
-    """A digest of a local Parquet file's footer (its last bytes), or ``None`` for a remote file."""
-    local = local_path(path)
-    if local is None:
-        return None
-    with open(local, "rb") as handle:
-        handle.seek(-8, os.SEEK_END)
-        trailer = handle.read(8)
-        length = int.from_bytes(trailer[:4], "little")
-        handle.seek(-(8 + length), os.SEEK_END)
-        return hashlib.sha256(handle.read(length)).hexdigest()[:32]
-
-
-class FileCache:
-    """Per-file scan records kept in a directory (``<checkpoint>/scan-cache``): one Arrow IPC file
-    (LZ4-compressed) per archive file, whose schema metadata holds the key it was made under; and
-    beside it the content hashes of the file's copies that had to be hashed (a buffer archived more
-    than once), so that a run reading the file again never reads its payload again either.
-
-    Arrow's own format, not Parquet: every run reads every entry, and an entry is a few hundred
-    records of some twenty columns, where a Parquet reader's set-up per column chunk dominated
-    (40 entries: 26 ms as Parquet, 8.5 ms as LZ4-compressed Arrow, in fewer bytes)."""
-
-    _SUFFIX = ".arrow"
-    _COMPRESSION = "lz4"
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def _entry(self, path: str, suffix: str = _SUFFIX) -> Path:
-        return self.root / (hashlib.sha256(path.encode()).hexdigest()[:32] + suffix)
-
-    @classmethod
-    def key(cls, path: str, columns: ScanColumns) -> str | None:
-        return cls.key_of(path, columns.digest())
-
-    def get(self, path: str, columns: ScanColumns) -> pa.Table | None:
-        import pyarrow.ipc as ipc
-
-        key = self.key(path, columns)
-        entry = self._entry(path)
-        if key is None or not entry.exists():
-            return None
-        try:
-            with pa.OSFile(str(entry)) as source:
-                table = ipc.open_file(source).read_all()
-        except (OSError, pa.ArrowException):
-            return None  # unreadable (a crash mid-write of another version): scan the file again
-        if (table.schema.metadata or {}).get(b"replay.cache_key", b"").decode() != key:
-            return None
-        try:
-            table, schema = table.replace_schema_metadata(None), columns.record_schema()
-            return table if table.schema.equals(schema) else table.cast(schema)
-        except (ValueError, pa.ArrowException):
-            return None  # written by another version with other columns: scan the file again
-
-    def get_hashes(self, path: str, digest: str) -> tuple[str, dict[int, str]] | None:
-        """The content hashes of the copies of ``path`` computed so far (by first row), under a
-        hash ``digest`` (the columns the hash covers), with the path Spark reports for the file;
-        ``None`` when the file changed since, or no hash of it is known."""
-        key = self.key_of(path, digest)
-        entry = self._entry(path, ".hashes.json")
-        if key is None or not entry.exists():
-            return None
-        try:
-            data = json.loads(entry.read_text())
-            if data.get("key") != key:
-                return None
-            return str(data["spark_path"]), {int(row): str(h) for row, h in data["hashes"].items()}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return None  # unreadable (a crash mid-write of another version): hash the copies again
-
-    def put_hashes(self, path: str, digest: str, spark_path: str, hashes: dict[int, str]) -> None:
-        """Keep ``hashes`` (content hash by first row: every one known of ``path``'s copies, the
-        ones ``get_hashes`` gave included) as the cache's entry for ``path``."""
-        key = self.key_of(path, digest)
-        if key is None:
-            return
-        self.root.mkdir(parents=True, exist_ok=True)
-        entry = self._entry(path, ".hashes.json")
-        tmp = entry.with_suffix(".tmp")
-        tmp.write_text(
-            json.dumps({"key": key, "spark_path": spark_path, "hashes": {str(r): h for r, h in sorted(hashes.items())}})
-        )
-        os.replace(tmp, entry)
-
-    @staticmethod
-    def key_of(path: str, digest: str) -> str | None:
-        """A file's cache key (path, size, modification time, footer digest) under ``digest``."""
-        local = local_path(path)
-        if local is None:
-            return None
-        try:
-            st = os.stat(local)
-            footer = footer_digest(path)
-        except OSError:
-            return None
-        return f"{path}|{st.st_size}|{st.st_mtime_ns}|{footer}|{digest}"
-
-    def put(self, path: str, columns: ScanColumns, records: pa.Table) -> None:
-        import pyarrow.ipc as ipc
-
-        key = self.key(path, columns)
-        if key is None:
-            return
-        self.root.mkdir(parents=True, exist_ok=True)
-        table = records.replace_schema_metadata({"replay.cache_key": key})
-        entry = self._entry(path)
-        tmp = entry.with_suffix(".tmp")
-        options = ipc.IpcWriteOptions(compression=self._COMPRESSION)
-        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema, options=options) as writer:
-            writer.write_table(table)
-        os.replace(tmp, entry)
-        # An entry an earlier version kept as Parquet is not read any more.
-        self._entry(path, ".parquet").unlink(missing_ok=True)
 
 
 def scan_records(

@@ -176,7 +176,7 @@ def get_session(settings: SparkSettings | None = None, *, app_name: str = "repla
         if master.startswith("local"):
             # An embedded driver talks to itself only: bind to loopback instead of guessing an interface.
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        from replay.engine.scan import driver_threads
+        from replay.engine.readers import driver_threads
 
         if driver_threads(None, master) is not None:  # local, local[N]; not local-cluster: executors of its own
             conf |= python_worker_conf()

@@ -44,8 +44,8 @@ from replay.engine.archive import (
 )
 from replay.engine.buffers import scan_buffers
 from replay.engine.copies import Copy, cached_content_hashes
+from replay.engine.file_cache import FileCache
 from replay.engine.inspection import participants_of
-from replay.engine.scan import FileCache
 from replay.engine.spark import driver_arrow_memory, job_progress
 from replay.runner.batch import Batch, RunContext, fault, process
 from replay.runner.dedup import deduplicate

@@ -140,7 +140,7 @@ def _rows(origin: int, sequences: list[int], values: list[int]) -> pa.Table:
 def _cached_archive(tmp_path: Path, spark: Any) -> tuple[Path, Callable[[], Any]]:
     """An archive of two files (origins 1 and 2, three buffers) and a scan of it through a file
     cache under ``tmp_path / "cache"``."""
-    from replay.engine.scan import FileCache
+    from replay.engine.file_cache import FileCache
 
     archive = tmp_path / "archive"
     archive.mkdir()
@@ -209,7 +209,7 @@ def test_content_is_compared_only_for_identities_with_several_copies(tmp_path: P
 
 
 def test_the_file_cache_keeps_content_hashes_until_the_file_changes(tmp_path: Path, spark: Any) -> None:
-    from replay.engine.scan import FileCache
+    from replay.engine.file_cache import FileCache
 
     archive = tmp_path / "archive"
     archive.mkdir()

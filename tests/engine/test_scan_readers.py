@@ -14,7 +14,8 @@ from replay.engine import copies as copies_module
 from replay.engine import scan as scan_module
 from replay.engine.archive import ArchiveLayout, inspect_schema
 from replay.engine.copies import content_hashes
-from replay.engine.scan import driver_threads, scan_columns, scan_file, scan_files
+from replay.engine.readers import driver_threads
+from replay.engine.scan import scan_columns, scan_file, scan_files
 from replay.generate import generate_archive
 from replay.generate_options import GenerateOptions
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 import functools
 import struct
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["NULL_TIME", "Buffer", "Conflict", "DuplicateCopy", "PackedBuffers", "pack_records"]
+__all__ = ["NULL_TIME", "Buffer", "PackedBuffers", "pack_records"]
 
 # A missing time, packed: the smallest 64-bit integer, which no archive time reaches (nanoseconds
 # are floored to microseconds, milliseconds multiplied); reads back as ``None``.
@@ -441,30 +440,3 @@ class PackedBuffers(Sequence[Buffer]):
 
         r = self._records
         return self.take(np.lexsort((r["chunk"], r["origin"], r["sequence"])))
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DuplicateCopy:
-    """An identical copy that was discarded in favour of the first one."""
-
-    origin: int
-    sequence: int
-    chunk: int
-    file: str
-    row_start: int
-    tuples: int
-    kept_file: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Conflict:
-    """A copy whose content differs from the first copy of the same identity."""
-
-    origin: int
-    sequence: int
-    chunk: int
-    kept_file: str
-    kept_row: int
-    other_file: str
-    other_row: int
-    other_tuples: int = 0

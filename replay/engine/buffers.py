@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replay.core.buffer import NULL_TIME, Buffer, Conflict, DuplicateCopy, PackedBuffers, pack_records
+from replay.core.buffer import NULL_TIME, Buffer, PackedBuffers, pack_records
+from replay.core.duplicates import Conflict, DuplicateCopy
 from replay.core.errors import ConflictingDuplicateError, EmptyArchiveError, Location
 from replay.engine.archive import ArchiveLayout
 from replay.engine.copies import cached_content_hashes

@@ -1,10 +1,10 @@
 """Where a row of a pass's union goes, and the value columns its destinations share.
 
-A pass (``replay.engine.aggregate``) writes every destination (each batch's due windows, the open
-windows, each batch's late tuples, the counts) from one union of branches, in one Spark action.
-Each row names its destination in ``_part``: ``due_part`` picks the batch a window is due at,
-``batch_part`` the part of a batch; ``Shared`` lays every destination's values into columns that
-the destinations share by type.
+A pass (``replay.engine.aggregate``, its query built by ``replay.engine.pass_query``) writes
+every destination (each batch's due windows, the open windows, each batch's late tuples, the
+counts) from one union of branches, in one Spark action. Each row names its destination in
+``_part``: ``due_part`` picks the batch a window is due at, ``batch_part`` the part of a batch;
+``Shared`` lays every destination's values into columns that the destinations share by type.
 """
 
 from __future__ import annotations

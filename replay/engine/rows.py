@@ -13,13 +13,14 @@ Either way a discarded duplicate copy is never read as data.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from replay.engine.archive import ArchiveLayout
-from replay.engine.archive_rows import read_parquet, time_micros
+from replay.engine.archive_rows import read_parquet, time_micros, time_value
 from replay.engine.buffers import release_arrow_memory
 from replay.engine.passes import PassWork, Reads
+from replay.engine.routing import Value, fields_of
 from replay.engine.slices import Slice, file_rows, read_slices
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["late_reason", "pass_rows", "q", "reason_codes", "reported_path"]
+__all__ = ["late_reason", "late_rows", "late_values", "pass_rows", "q", "reason_codes", "reported_path"]
 
 
 def _packing(reads: Reads) -> tuple[int, int, int] | None:
@@ -155,6 +156,47 @@ def late_reason(reads: Reads, i: int) -> Column:
     if len(names) <= 1:
         return F.lit(names[0] if names else None).cast("string")
     return F.element_at(F.array(*[F.lit(n) for n in names]), F.col(f"d_reason{i}") + 1)
+
+
+def late_rows(
+    rows: DataFrame, layout: ArchiveLayout, reads: Reads, decided: Column, names: Sequence[str]
+) -> list[Column]:
+    """Per key, a row of ``rows`` (``pass_rows``) as a tuple of the ``late`` table (its columns
+    ``names``) with the batch that decided it (``_batch``), where it is a late tuple for that key
+    and ``decided`` (by a batch of the pass); else null."""
+    from pyspark.sql import functions as F
+
+    found: list[Column] = []
+    for i, key in enumerate(layout.keys):
+        values = [
+            F.lit(key.name),
+            q(layout.origin_id).cast("long"),
+            q(layout.sequence_number).cast("long"),
+            q(layout.chunk_number).cast("long"),
+            *[
+                time_value(rows, name, layout.time_columns[name]) if name in layout.time_columns else q(name)
+                for name in layout.payload
+            ],
+            F.timestamp_micros(F.col(f"d_thr{i}")),
+            late_reason(reads, i),
+        ]
+        found.append(
+            F.when(
+                F.col(f"_late{i}") & decided,
+                F.struct(*[v.alias(n) for n, v in zip(names, values, strict=True)], F.col("d_batch").alias("_batch")),
+            )
+        )
+    return found
+
+
+def late_values(struct: StructType, names: Sequence[str], column: str) -> list[Value]:
+    """A late tuple's values in the ``late`` table's order, from the struct column ``column`` of a
+    frame of ``struct`` (a ``late_rows`` value, which also carries the batch that decided it)."""
+    from pyspark.sql.types import StructType
+
+    late = struct[column].dataType
+    assert isinstance(late, StructType)
+    return fields_of(StructType([late[n] for n in names]), f"{column}.")
 
 
 def _few_rows(reads: Reads) -> bool:

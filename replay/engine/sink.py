@@ -1,13 +1,14 @@
 """The batch pass's writer: one Spark action writes every table a micro-batch produces.
 
-A micro-batch produces rows for several destinations with different columns: the due windows
-of each window aggregation (the ``windows`` table), the windows it keeps open (one state
-directory per aggregation) and the late tuples (the ``late`` table). ``replay.engine.aggregate``
-unions them into one frame whose ``_part`` column is the number of the row's destination, and runs
-``sink(...)`` over it with ``mapInArrow``: each task writes its rows of each part to one
-Parquet file of that part's directory (pyarrow, fsynced), and returns one small row per file
-(part, file, rows, owned tuples, and how many of its rows hold each value of ``_first`` when the
-frame has that column). Collecting those rows is the pass's only Spark action.
+A micro-batch produces rows for several destinations with different columns: the due windows of
+each window aggregation (the ``windows`` table), the windows it keeps open (one state directory
+per aggregation) and the late tuples (the ``late`` table). ``replay.engine.pass_query`` unions
+them into one frame whose ``_part`` column is the number of the row's destination, and
+``replay.engine.aggregate`` runs ``sink(...)`` over it with ``mapInArrow``: each task writes its
+rows of each part to one Parquet file of that part's directory (pyarrow, fsynced), and returns
+one small row per file (part, file, rows, owned tuples, and how many of its rows hold each value
+of ``_first`` when the frame has that column). Collecting those rows is the pass's only Spark
+action.
 
 A row goes to one destination, so the union's value columns are shared between destinations: a
 ``Part`` names the columns its values are in, and the values equal on every row of a part (a

@@ -79,3 +79,23 @@ def test_only_the_tests_import_the_reference_model() -> None:
 def test_no_flat_module_is_left_beside_the_folders() -> None:
     top = sorted(p.name for p in (ROOT / "replay").glob("*.py"))
     assert top == ["__init__.py", "__main__.py", "cli.py", "console.py", "generate.py", "generate_options.py"]
+
+
+#: A module of the library past this many lines holds more than one concept: split it, along one.
+LIBRARY_LINES = 450
+#: The DAGs, the plugin and the expectations: the same rule, with some room for their templates.
+SHELL_LINES = 500
+
+
+def test_modules_stay_small_enough_to_hold_one_concept() -> None:
+    sizes = {
+        path.relative_to(ROOT): len(path.read_text().splitlines())
+        for folder in ("replay", "plugins", "dags", "expectations")
+        for path in (ROOT / folder).rglob("*.py")
+    }
+    over = {
+        str(path): lines
+        for path, lines in sizes.items()
+        if lines > (LIBRARY_LINES if path.parts[0] == "replay" else SHELL_LINES)
+    }
+    assert over == {}, f"split these modules along their concepts: {over}"

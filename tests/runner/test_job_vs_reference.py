@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from replay.core.config import JobConfig, parse_config
 from replay.core.errors import ReplayError
 from replay.core.timeutil import from_datetime
-from replay.engine import aggregate
+from replay.engine import pass_query
 from replay.generate import generate_archive
 from replay.reference.model import run_reference
 from replay.runner.loop import run
@@ -235,7 +235,7 @@ def test_a_tumbling_run_counts_rows_and_tuples_from_its_groups(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batches_per_pass: int | None, late_fraction: float
 ) -> None:
     """One key, tumbling windows, no copy carried in: the pass takes the ledger's rows, tuples,
-    late and on-time counts from the window aggregation's groups (``replay.engine.aggregate``), with
+    late and on-time counts from the window aggregation's groups (``replay.engine.pass_query``), with
     the punctuation rows of idle origins in a group of their own; in a pass of several batches a
     batch's rows outside every window are its groups' rows there. So it does when no copy can hold
     a late tuple (event-time watermarks, so that the scan knows each copy's smallest event time, and
@@ -256,13 +256,13 @@ def test_a_tumbling_run_counts_rows_and_tuples_from_its_groups(
     # Which way each pass counted: with the groups' counts (``tuple_flag``), by batch (``rest_by``),
     # with late groups (``late``).
     taken: list[tuple[bool, bool, bool]] = []
-    partials = aggregate.partials
+    partials = pass_query.partials
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         taken.append(tuple(kwargs.get(name) is not None for name in ("tuple_flag", "rest_by", "late")))
         return partials(*args, **kwargs)
 
-    monkeypatch.setattr(aggregate, "partials", spy)
+    monkeypatch.setattr(pass_query, "partials", spy)
     expected = reference_view(config)
     actual = job_view(config, spark)
     # One pass, counting from its groups.

@@ -2,7 +2,7 @@
 columns: the batch that decided it, its thresholds and reasons per key, its weight in the copy
 checksum), its event times in microseconds (``_ev<k>``) and per key whether it is late, on time
 or outside a backfill range (``_late<k>``, ``_on<k>``, ``_out<k>``; ``_tuple``: not a punctuation
-row).
+row). ``late_rows`` makes a late tuple's row of the ``late`` table from them.
 
 When the pass needs less than half of the rows of the files it touches, Spark tasks read
 exactly its copies' row ranges with the decisions attached (``replay.engine.slices``);

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from replay.generate_options import GenerateOptions, GenerateSummary
     from replay.quality.report import write_report
     from replay.quality.validate import ValidationOutcome, validate
-    from replay.runner.loop import RunSummary, run
+    from replay.runner.loop import run
+    from replay.runner.summary import RunSummary
     from replay.store.digest import digest, show_lines
     from replay.store.outputs import list_versions, read_table
     from replay.store.publish import PublishOutcome, publish
@@ -64,7 +65,7 @@ _MODULES = {
     "PublicationError": "replay.core.errors",
     "PublishOutcome": "replay.store.publish",
     "ReplayError": "replay.core.errors",
-    "RunSummary": "replay.runner.loop",
+    "RunSummary": "replay.runner.summary",
     "ValidationOutcome": "replay.quality.validate",
     "WatermarkRegressionError": "replay.core.errors",
     "checkpoint_status": "replay.store.status",

@@ -16,7 +16,7 @@ import typer
 if TYPE_CHECKING:
     from replay.generate_options import GenerateSummary
     from replay.quality.validate import ValidationOutcome
-    from replay.runner.loop import RunSummary
+    from replay.runner.summary import RunSummary
     from replay.store.publish import PublishOutcome
 
 __all__ = [

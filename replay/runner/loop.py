@@ -28,7 +28,7 @@ import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,8 +51,9 @@ from replay.runner.batch import Batch, RunContext, fault, process
 from replay.runner.dedup import deduplicate
 from replay.runner.plan import cut_batches, file_stamp, plan_batches, plan_passes
 from replay.runner.resume import rebuild
+from replay.runner.summary import RunSummary
 from replay.store import state as _state
-from replay.store.checkpoint import CheckpointStore, LockInfo
+from replay.store.checkpoint import CheckpointStore
 from replay.store.outputs import list_versions, read_manifest
 from replay.store.records import Commit, RunIntent
 from replay.store.tables import write_run_version
@@ -63,54 +64,6 @@ if TYPE_CHECKING:
 __all__ = ["RunSummary", "default_checkpoint", "run"]
 
 Event = Callable[[str, int, int], None]
-
-
-# --------------------------------------------------------------------------- results
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunSummary:
-    """What a run did. Watermarks are int microseconds (``NEG_INF``: none yet)."""
-
-    output: str
-    checkpoint: str
-    version: int | None
-    new_version: bool
-    resumed: bool
-    batches: int
-    buffers: int
-    tuples_read: int
-    windows_emitted: int
-    open_windows: int
-    late_tuples: dict[str, int]
-    pending_tuples: int
-    duplicate_copies: int
-    watermarks: dict[str, tuple[int, int]]  # key -> (G_k, E_k)
-    seconds: float
-    stale_lock: LockInfo | None = None
-    notes: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "output": self.output,
-            "checkpoint": self.checkpoint,
-            "version": self.version,
-            "new_version": self.new_version,
-            "resumed": self.resumed,
-            "batches": self.batches,
-            "buffers": self.buffers,
-            "tuples_read": self.tuples_read,
-            "windows_emitted": self.windows_emitted,
-            "open_windows": self.open_windows,
-            "late_tuples": self.late_tuples,
-            "pending_tuples": self.pending_tuples,
-            "duplicate_copies": self.duplicate_copies,
-            "watermarks": {
-                k: {"global": format_ts(g), "effective": format_ts(e)} for k, (g, e) in self.watermarks.items()
-            },
-            "seconds": round(self.seconds, 3),
-            "notes": list(self.notes),
-        }
 
 
 # --------------------------------------------------------------------------- helpers

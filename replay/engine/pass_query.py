@@ -111,14 +111,14 @@ class _Builder:
     ) -> None:
         from pyspark.sql import functions as F
 
-        self.layout, self.work = layout, work
-        self.nkeys = len(layout.keys)
+        self.work = work
+        nkeys = len(layout.keys)
         self.key_index = {k.name: i for i, k in enumerate(layout.keys)}
         self.specs: list[WindowSpec] = list(config.windows)
         agg_types = aggregated_types(self.specs, schema)
         self.columns = output_columns(self.specs, agg_types)
         self.windows_struct, self.late_struct = table_structs(config, schema, layout)
-        self.range_start, self.range_end = work.range
+        range_start, range_end = work.range
         self.steps = list(work.steps)
         reads = work.reads
         self.carried = bool((reads.batches == 0).any())
@@ -138,8 +138,8 @@ class _Builder:
                 event_micros=f"_ev{self.key_index[spec.wm_key]}",
                 key=layout.key,
                 types=agg_types,
-                range_start=self.range_start,
-                range_end=self.range_end,
+                range_start=range_start,
+                range_end=range_end,
             )
             for s, spec in enumerate(self.specs)
         }
@@ -157,7 +157,7 @@ class _Builder:
             self.late_rows_of = late_rows(self.rows_frame, layout, reads, self.decided, self.late_names)
         # With one watermark key, the late tuples ride through the first window aggregation as groups
         # of their own (``windows.partials``' ``late``): one read of the rows instead of two.
-        self.late_in_windows = bool(self.late_rows_of) and self.nkeys == 1 and bool(self.specs)
+        self.late_in_windows = bool(self.late_rows_of) and nkeys == 1 and bool(self.specs)
         self.counts = plan_counts(
             self.rows_frame,
             work,

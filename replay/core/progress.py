@@ -86,7 +86,6 @@ class ProgressEngine(ProgressState):
         origin mode a buffer of sequence ``s`` is decided once ``s - 1`` is in the prefix.
         """
         decisions: list[Decision] = []
-        self._floor = list(self.global_wm)  # a batch begins: ``finish`` decides against this too
         if self.mode != Lateness.ARRIVAL:
             for buf in buffers:
                 self._apply(buf, buf.head(), decisions)
@@ -119,6 +118,16 @@ class ProgressEngine(ProgressState):
             if moved or ingest >= self._deadline or (origins[origin].prefix != prefix and self._may_lift(origin, wm)):
                 self._coalesce()
         return decisions
+
+    def begin_run(self) -> None:
+        """A run begins: ``G_k`` as it stands becomes the floor of origin-mode thresholds for the
+        whole run (``_decide``), whatever batches the run is cut into. The floor is part of the
+        exported state, so a run resumed after a crash keeps its own."""
+        self._floor = list(self.global_wm)
+
+    def counted(self) -> tuple[frozenset[int], ...]:
+        """Per key, the origins that count in ``G_k`` now (``_counting``)."""
+        return tuple(frozenset(self._counting(index)[0]) for index in range(len(self.keys)))
 
     def _may_lift(self, origin: int, before: Sequence[int]) -> bool:
         """Whether an active origin whose watermarks were ``before`` may move some ``G_k`` by
@@ -170,12 +179,14 @@ class ProgressEngine(ProgressState):
     def _decide(self, origin: int, sequence: int, chunk: int, watermarks: Sequence[int], reason: str) -> Decision:
         """Thresholds ``watermark - allowed_lateness`` per key: ``G_k`` (arrival) or ``W_k(o, s - 1)`` (origin).
 
-        In origin mode the threshold is never below ``G_k`` as it stood when the batch began (for
-        the buffers ``finish`` decides too, though the feed before it moved ``G_k``): for an origin
-        that counts in ``G_k`` that changes nothing (``W_k(o, s - 1) >= L_k(o) >= G_k`` for every
-        buffer not yet decided), and for one left out (an origin that joined in a later run) it
-        keeps its tuples out of windows already emitted (docs/semantics.md), which are those
-        emitted by earlier batches.
+        In origin mode the threshold is never below ``G_k`` as it stood when the run began
+        (``begin_run``; for the buffers ``finish`` decides too): for an origin that counts in
+        ``G_k`` that changes nothing (``W_k(o, s - 1) >= L_k(o) >= G_k`` for every buffer not yet
+        decided), and for one left out (an origin that carries no watermark, or joined in a later
+        run) it keeps its tuples out of windows emitted by earlier runs (docs/semantics.md). Within
+        a run, windows such tuples may still fall into are held open until they are decided
+        (``replay.runner.hold``), so the floor need not move with the run's batches, and no
+        threshold depends on where the run was cut.
         """
         if reason != BEHIND_ORIGIN and self._decided is not None and self._decided[0] == watermarks:
             # Arrival mode decides every buffer against ``G_k``, which moves seldom: the previous

@@ -77,7 +77,7 @@ class ProgressState:
         self.expected = frozenset(expected_origins)
         self.participants = [set(participants.get(k.name, ())) | set(self.expected) for k in self.keys]
         self.global_wm = [NEG_INF] * len(self.keys)
-        # ``G_k`` when the current batch began: the floor of origin-mode thresholds (``_decide``).
+        # ``G_k`` when the current run began: the floor of origin-mode thresholds (``_decide``).
         self._floor = list(self.global_wm)
         # Not state: values the decisions share (one tuple per combination of reasons, and the
         # previous decision against ``G_k``: the watermarks it was made with, its thresholds, its reasons).
@@ -174,6 +174,7 @@ class ProgressState:
             "keys": [k.name for k in self.keys],
             "participants": [sorted(p) for p in self.participants],
             "global_wm": list(self.global_wm),
+            "floor": list(self._floor),
             # Derived from the rest (``_counting``), not read back; kept for those who read the state.
             "counted": [list(counted) for counted, _ in counting],
             "window": [list(window) if window is not None else None for _, window in counting],
@@ -199,7 +200,8 @@ class ProgressState:
             )
         self.participants = [set(p) for p in values["participants"]]
         self.global_wm = list(values["global_wm"])
-        self._floor = list(self.global_wm)
+        # A snapshot from before the floor was kept: ``G_k`` as it stands (a batch began there).
+        self._floor = list(values.get("floor", self.global_wm))
         self._clock = values["clock"]
         self._deadline = values["deadline"]
         self._first_ingest = values["first_ingest"]

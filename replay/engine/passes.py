@@ -63,9 +63,10 @@ def checksum_bits(rows: int) -> int:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Step:
-    """One micro-batch of a pass: its number, ``E_k`` per key (layout order) after it (a window
-    ending by it is emitted at this batch, unless an earlier one of the pass reached it), and
-    where its ``windows`` and ``late`` rows go."""
+    """One micro-batch of a pass: its number, per key (layout order) the watermark its windows are
+    emitted by after it (``E_k``, or lower while an origin-mode run holds windows open for origins
+    outside ``G_k``, ``replay.runner.hold``; a window ending by it is emitted at this batch, unless
+    an earlier one of the pass reached it), and where its ``windows`` and ``late`` rows go."""
 
     batch: int
     effective: tuple[int, ...]
@@ -213,12 +214,13 @@ class PassWork:
     """What one pass (one Spark action over one or more consecutive micro-batches) must do.
 
     ``reads``: the copies whose tuples the pass's batches decided, and the carried ones.
-    ``steps``: the pass's batches, in order. ``floor``: ``E_k`` per key at the commit the pass
-    continues from: a window ending by it was emitted by a committed batch, so the carried
-    copies' tuples never rebuild it. ``open_state``: per window name, the directory of the open
-    windows carried in, or ``None``. ``state_dirs``: per window name, where the pass writes the
-    open windows it carries out; ``counts_dir``: where a pass of several batches writes their
-    counts (read back and removed by ``run_pass``). ``range``: a backfill's ``[start, end)`` in microseconds.
+    ``steps``: the pass's batches, in order. ``floor``: per key, what windows were emitted by at
+    the commit the pass continues from (``E_k``, or its hold): a window ending by it was emitted
+    by a committed batch, so the carried copies' tuples never rebuild it. ``open_state``: per
+    window name, the directory of the open windows carried in, or ``None``. ``state_dirs``: per
+    window name, where the pass writes the open windows it carries out; ``counts_dir``: where a
+    pass of several batches writes their counts (read back and removed by ``run_pass``).
+    ``range``: a backfill's ``[start, end)`` in microseconds.
     ``checked``: identities with other (discarded) copies in the archive, with those copies'
     files. Rows are matched to a copy by identity alone, by identity and file when the other
     copies are in other files, and by file and row range when one shares the copy's file.

@@ -42,6 +42,7 @@ from replay.engine.buffers import release_arrow_memory
 from replay.engine.passes import PassWork, Read, Reads, Step, WorkResult, buffer_copy_id, copy_id, copy_ids
 from replay.engine.schemas import table_schemas
 from replay.runner.dedup import other_copies
+from replay.runner.hold import EmissionHold
 from replay.runner.ledger import Ledger, account, check_ledger, ledger_row
 from replay.runner.plan import file_stamp, relevant
 from replay.runner.resume import State
@@ -93,13 +94,16 @@ class RunContext:
     mode: str  # the lateness mode, origin or arrival
     run: int
     run_files: tuple[str, ...]
+    hold: EmissionHold | None = None  # origin mode, some origin outside G_k: windows held for its tuples
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Batch:
     """One cut of the run: its buffers (in feed order), the origins that join the engine with it,
-    the copies it discards, and whether it ends the run (the engine then decides what it holds)."""
+    the copies it discards, and whether it ends the run (the engine then decides what it holds);
+    ``index``: its place among the batches the run has left (``EmissionHold``)."""
 
+    index: int
     buffers: PackedBuffers
     join: Mapping[str, set[int]]
     discarded: Sequence[_state.Discarded]
@@ -114,6 +118,7 @@ class _Planned:
     token: str
     input: Batch
     snapshot: ProgressSnapshot
+    emission: tuple[int, ...]  # per key, windows ending by it are due (``E_k``, or less under a hold)
     reads: Reads  # decided copies whose tuples the batch reads, packed until the pass has read them
     skipped: list[Buffer]  # decided copies a backfill range does not need
     engine: dict[str, Any]  # the engine's state after the batch, and the buffers it holds
@@ -139,13 +144,18 @@ def process(
     a batch ends the run) are carried to the next pass."""
     previous = state.commit
     first = (previous.batch + 1) if previous else 1
+    # Windows ending by the floor were emitted by the commit the pass continues from.
     floor = tuple(k.effective_watermark for k in state.engine.snapshot().keys)
+    if ctx.hold is not None:
+        floor = tuple(map(min, floor, ctx.hold.before(state.engine, batches[0].index, state.pending)))
     planned: list[_Planned] = []
     moved = False
+    emitted = floor
     for index, batch_in in enumerate(batches):
         step, step_moved = _plan(ctx, state, batch_in, first + index)
         planned.append(step)
-        moved = moved or step_moved
+        moved = moved or step_moved or step.emission != emitted
+        emitted = step.emission
     # The pass's reads in one set of arrays, each batch's a view of them: the driver holds them once.
     pass_reads = Reads.concat([step.reads for step in planned], len(ctx.layout.keys))
     at = 0
@@ -189,6 +199,7 @@ def _plan(ctx: RunContext, state: State, batch_in: Batch, batch: int) -> tuple[_
     if batch_in.finish:
         decisions += engine.finish()
     snapshot = engine.snapshot()
+    emission = tuple(k.effective_watermark for k in snapshot.keys)
     start, end = ctx.range
     reads: list[Read] = []
     read_ids: list[int] = []
@@ -202,12 +213,17 @@ def _plan(ctx: RunContext, state: State, batch_in: Batch, batch: int) -> tuple[_
             read_ids.append(input_ids[identity] if identity in input_ids else buffer_copy_id(buf))
         else:
             skipped.append(buf)
+    if ctx.hold is not None:
+        emission = tuple(
+            map(min, emission, ctx.hold.after(engine, batch_in.index, state.pending, last=batch_in.finish))
+        )
     values, held = engine.export_state()
     step = _Planned(
         batch=batch,
         token=uuid.uuid4().hex[:8],
         input=batch_in,
         snapshot=snapshot,
+        emission=emission,
         reads=Reads.of(reads, len(ctx.layout.keys), read_ids),
         skipped=skipped,
         engine=values,
@@ -263,7 +279,7 @@ def _tuple_work(
         steps=[
             Step(
                 batch=step.batch,
-                effective=tuple(k.effective_watermark for k in step.snapshot.keys),
+                effective=step.emission,
                 windows_dir=str(ctx.output / "data" / "windows" / f"{ctx.cid}-{step.prefix}"),
                 late_dir=str(ctx.output / "data" / "late" / f"{ctx.cid}-{step.prefix}"),
             )

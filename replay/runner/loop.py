@@ -49,6 +49,7 @@ from replay.engine.inspection import participants_of
 from replay.engine.spark import driver_arrow_memory, job_progress
 from replay.runner.batch import Batch, RunContext, fault, process
 from replay.runner.dedup import deduplicate
+from replay.runner.hold import EmissionHold
 from replay.runner.plan import cut_batches, file_stamp, plan_batches, plan_passes
 from replay.runner.resume import rebuild
 from replay.runner.summary import RunSummary
@@ -316,6 +317,15 @@ class _Runner:
         participants = participants_of(new, layout)
         new_buffers, new_tuples = len(new), int(new.column("tuples").sum())
         del new
+        if done == 0:
+            # The run begins: its floor of origin-mode thresholds, and the origins that take part
+            # from now on (the first batch's log line names them too).
+            state.engine.begin_run()
+            state.engine.join({k: sorted(v) for k, v in participants.items()})
+        hold = None
+        if mode == "origin":
+            known = [self.range != (None, None) or key.watermark is None for key in layout.keys]
+            hold = EmissionHold.of(state.engine, plan, state.pending, known)
         ctx = RunContext(
             config=config,
             store=store,
@@ -327,11 +337,13 @@ class _Runner:
             mode=mode,
             run=run_number,
             run_files=tuple(run_files),
+            hold=hold,
         )
         batches_done = 0
         for group in plan_passes(plan, config):
             batches = [
                 Batch(
+                    index=index,
                     buffers=plan[index],
                     join=participants if index == 0 and done == 0 else {},
                     discarded=discarded if index == 0 else [],

@@ -178,11 +178,11 @@ def test_gap_skip_closes_at_end_of_run() -> None:
     assert {d.sequence: d.thresholds[0] for d in decided} == {1: NEG_INF, 3: 10, 4: 30, 6: 30}
 
 
-def test_the_end_of_run_decides_against_the_global_watermark_the_batch_began_with() -> None:
+def test_origin_mode_decides_against_the_global_watermark_the_run_began_with() -> None:
     # Origin 2 carries no watermark (it takes no part in G_k); its sequence 3 waits behind a gap
-    # that the end of the run closes. The batch began with G_k at minus infinity, and only windows
-    # emitted by earlier batches must be kept out of: the feed moving G_k to 40 does not make the
-    # tuples of sequence 3 late.
+    # that the end of the run closes. The run began with G_k at minus infinity, and only windows
+    # emitted by earlier runs must be kept out of (a run holds the windows its tuples may fall into,
+    # ``replay.runner.hold``): the feed moving G_k to 40 does not make the tuples of sequence 3 late.
     eng = engine("origin", origins=(1,), gap_policy="skip")
     decided = eng.feed([buf(1, 1, wm=40), buf(2, 1), buf(2, 3)])
     assert eng.snapshot().key("default").global_watermark == 40
@@ -192,8 +192,16 @@ def test_the_end_of_run_decides_against_the_global_watermark_the_batch_began_wit
         (2, 1): (NEG_INF, BEHIND_ORIGIN),
         (2, 3): (NEG_INF, BEHIND_ORIGIN),
     }
-    # In the next batch, G_k as it stands (40) is the floor for origin 2's tuples.
-    assert [(d.thresholds[0], d.reasons[0]) for d in eng.feed([buf(2, 4)])] == [(40, BEHIND_GLOBAL)]
+    # The next batch of the same run keeps the floor the run began with, wherever the run was cut ...
+    assert [(d.thresholds[0], d.reasons[0]) for d in eng.feed([buf(2, 4)])] == [(NEG_INF, BEHIND_ORIGIN)]
+    # ... and so does a run resumed from the engine's exported state.
+    values, held = eng.export_state()
+    resumed = engine("origin", origins=(1,), gap_policy="skip")
+    resumed.restore(values, held)
+    assert [(d.thresholds[0], d.reasons[0]) for d in resumed.feed([buf(2, 5)])] == [(NEG_INF, BEHIND_ORIGIN)]
+    # A new run begins at G_k as it stands (40): the floor of origin 2's tuples from then on.
+    resumed.begin_run()
+    assert [(d.thresholds[0], d.reasons[0]) for d in resumed.feed([buf(2, 6)])] == [(40, BEHIND_GLOBAL)]
 
 
 def test_gap_wait_keeps_pending() -> None:

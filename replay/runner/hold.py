@@ -1,0 +1,137 @@
+"""Windows held open for tuples still to come from origins outside ``G_k`` (origin mode).
+
+In origin mode a tuple is late against its own origin's promise (``W_k(o, s - 1)``) and, for an
+origin that does not count in ``G_k``, against ``G_k`` as the run began
+(``ProgressEngine.begin_run``). An origin counts in ``G_k`` once it takes part in the key and its
+local watermark is at or above it; one that carries no ``k``-watermark at all, or joined behind
+``G_k`` in a later run, does not, and its tuples may fall into a window whose end ``E_k`` has
+passed. Emitting such a window at the batch whose ``E_k`` reached its end would make the tuple
+late or not depending on where the run was cut, which determinism forbids (docs/semantics.md).
+
+So a batch of an origin-mode run emits the windows whose end is at most ``E_k`` *and* at most the
+smallest event time of the tuples the run has still to decide from such origins: those of later
+batches, and the pending ones behind a gap (the run's last batch excepted: what stays pending
+after the run is decided in a later run, against that run's floor). Windows held are carried
+open and emitted by a later batch of the run. The hold changes which batch emits a window,
+never which windows there are or what they hold (Numaflow's rule: the watermark never passes
+data not yet processed).
+
+The smallest event times come from the metadata scan where it read the event times (keys with
+event-time watermarks, or a backfill range); where it did not, a copy with tuples holds every
+window until it is decided. An archive whose every origin counts, the common case, holds
+nothing and pays nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from replay.core.buffer import NULL_TIME, Buffer, PackedBuffers
+from replay.core.timeutil import NEG_INF
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    from replay.core.progress import ProgressEngine
+
+__all__ = ["NO_HOLD", "EmissionHold"]
+
+#: No tuple to wait for: every window whose end ``E_k`` reached is emitted.
+NO_HOLD = 2**63 - 1
+
+
+class EmissionHold:
+    """The hold of one origin-mode run over its planned batches (``plan``; index ``i`` is the
+    run's ``i``-th remaining batch).
+
+    ``_from[k][o][i]``: the smallest event time (key ``k``) of origin ``o``'s copies with tuples in
+    batches ``i`` and later (``NO_HOLD``: none), for the origins that did not count in ``G_k``
+    when the hold was made; an origin that counts never stops counting within a run.
+    """
+
+    def __init__(
+        self,
+        candidates: Sequence[frozenset[int]],
+        starts: Sequence[Mapping[int, npt.NDArray[np.int64]]],
+        known: Sequence[bool],
+    ) -> None:
+        self._candidates = candidates
+        self._from = starts
+        self._known = known
+
+    @classmethod
+    def of(
+        cls,
+        engine: ProgressEngine,
+        plan: Sequence[PackedBuffers],
+        pending: Mapping[tuple[int, int, int], Buffer],
+        known: Sequence[bool],
+    ) -> EmissionHold | None:
+        """The hold of a run about to process ``plan`` from ``engine``'s state (the run's origins
+        joined); ``pending``: the buffers the engine holds undecided. ``known``: per key, whether
+        the scan read its event times. ``None`` when every origin of the run counts in every key."""
+        import numpy as np
+
+        origins: set[int] = {b.origin for b in pending.values()}
+        for batch in plan:
+            origins.update(np.unique(batch.column("origin")).tolist())
+        candidates = [frozenset(origins - counted) for counted in engine.counted()]
+        if not any(candidates):
+            return None
+        starts: list[dict[int, npt.NDArray[np.int64]]] = []
+        for k, among in enumerate(candidates):
+            mins = {o: np.full(len(plan) + 1, NO_HOLD, dtype=np.int64) for o in among}
+            for i, batch in enumerate(plan):
+                ids = batch.column("origin")
+                with_tuples = batch.column("tuples") > 0
+                low = batch.min_event_column(k)
+                for o in among:
+                    mask = with_tuples & (ids == o)
+                    if not mask.any():
+                        continue
+                    values = low[mask]
+                    if (values == NULL_TIME).any():
+                        if not known[k]:
+                            mins[o][i] = NEG_INF  # tuples of unknown event time: hold every window
+                            continue
+                        values = values[values != NULL_TIME]  # no event time: in no window
+                    if len(values):
+                        mins[o][i] = int(values.min())
+            # From batch i on: the running minimum from the end.
+            starts.append({o: np.minimum.accumulate(m[::-1])[::-1] for o, m in mins.items()})
+        return cls(candidates, starts, known)
+
+    def before(
+        self, engine: ProgressEngine, index: int, pending: Mapping[tuple[int, int, int], Buffer]
+    ) -> tuple[int, ...]:
+        """Per key, the hold in force before batch ``index`` (its tuples and the pending ones)."""
+        return self._hold(engine, index, pending)
+
+    def after(
+        self, engine: ProgressEngine, index: int, pending: Mapping[tuple[int, int, int], Buffer], *, last: bool
+    ) -> tuple[int, ...]:
+        """Per key, the hold after batch ``index`` was fed (``pending``: what it left undecided;
+        ``last``: it ends the run, and what stays pending is decided by a later run)."""
+        return self._hold(engine, index + 1, {} if last else pending)
+
+    def _hold(
+        self, engine: ProgressEngine, start: int, pending: Mapping[tuple[int, int, int], Buffer]
+    ) -> tuple[int, ...]:
+        holds = []
+        for k, (among, counted) in enumerate(zip(self._candidates, engine.counted(), strict=True)):
+            waiting = among - counted
+            hold = NO_HOLD
+            for o in waiting:
+                hold = min(hold, int(self._from[k][o][start]))
+            for buf in pending.values():
+                if buf.origin in waiting and buf.tuples > 0:
+                    low = buf.min_event[k]
+                    if low is None:
+                        if self._known[k]:
+                            continue
+                        low = NEG_INF
+                    hold = min(hold, low)
+            holds.append(hold)
+        return tuple(holds)

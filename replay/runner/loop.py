@@ -47,7 +47,8 @@ from replay.engine.copies import Copy, cached_content_hashes
 from replay.engine.file_cache import FileCache
 from replay.engine.inspection import participants_of
 from replay.engine.spark import driver_arrow_memory, job_progress
-from replay.runner.batch import Batch, RunContext, fault, process
+from replay.runner.batch import process
+from replay.runner.context import Batch, RunContext, fault
 from replay.runner.dedup import deduplicate
 from replay.runner.hold import EmissionHold
 from replay.runner.plan import cut_batches, file_stamp, plan_batches, plan_passes

@@ -64,9 +64,9 @@ def process(
     moved = False
     emitted = floor
     for index, batch_in in enumerate(batches):
-        step, step_moved = _plan(ctx, state, batch_in, first + index)
+        step = _plan(ctx, state, batch_in, first + index)
         planned.append(step)
-        moved = moved or step_moved or step.emission != emitted
+        moved = moved or step.emission != emitted  # windows may become due
         emitted = step.emission
     # The pass's reads in one set of arrays, each batch's a view of them: the driver holds them once.
     pass_reads = Reads.concat([step.reads for step in planned], len(ctx.layout.keys))
@@ -92,12 +92,10 @@ def process(
     return committed
 
 
-def _plan(ctx: RunContext, state: State, batch_in: Batch, batch: int) -> tuple[Planned, bool]:
-    """Feed one batch to the engine; returns what its commit needs and whether an effective
-    watermark moved."""
+def _plan(ctx: RunContext, state: State, batch_in: Batch, batch: int) -> Planned:
+    """Feed one batch to the engine; returns what its commit needs."""
     engine = state.engine
     engine.join({k: sorted(v) for k, v in batch_in.join.items()})
-    before = tuple(k.effective_watermark for k in engine.snapshot().keys)
     packed = batch_in.buffers
     buffers = list(packed)  # objects for this batch only (a run keeps them packed)
     identities = packed.identities()
@@ -143,7 +141,7 @@ def _plan(ctx: RunContext, state: State, batch_in: Batch, batch: int) -> tuple[P
         pending=dict(state.pending),
         input_xor=input_xor,
     )
-    return step, tuple(k.effective_watermark for k in snapshot.keys) != before
+    return step
 
 
 def _tuple_work(
@@ -160,8 +158,8 @@ def _tuple_work(
     pass leaves (paths under the checkpoint)."""
     store = ctx.store
     if not pass_reads.column("tuples").any() and not moved:
-        # Nothing to aggregate (no reads, or punctuation only) and no watermark moved: no window
-        # can change, so no Spark work.
+        # Nothing to aggregate (no reads, or punctuation only) and no batch's emission watermark
+        # moved (``E_k``, or its hold): no window can change, so no Spark work.
         return None, open_before
     last = planned[-1]
     nkeys = len(ctx.layout.keys)

@@ -88,17 +88,7 @@ class EmissionHold:
                 with_tuples = batch.column("tuples") > 0
                 low = batch.min_event_column(k)
                 for o in among:
-                    mask = with_tuples & (ids == o)
-                    if not mask.any():
-                        continue
-                    values = low[mask]
-                    if (values == NULL_TIME).any():
-                        if not known[k]:
-                            mins[o][i] = NEG_INF  # tuples of unknown event time: hold every window
-                            continue
-                        values = values[values != NULL_TIME]  # no event time: in no window
-                    if len(values):
-                        mins[o][i] = int(values.min())
+                    mins[o][i] = _smallest(low[with_tuples & (ids == o)], known=known[k])
             # From batch i on: the running minimum from the end.
             starts.append({o: np.minimum.accumulate(m[::-1])[::-1] for o, m in mins.items()})
         return cls(candidates, starts, known)
@@ -119,19 +109,32 @@ class EmissionHold:
     def _hold(
         self, engine: ProgressEngine, start: int, pending: Mapping[tuple[int, int, int], Buffer]
     ) -> tuple[int, ...]:
+        import numpy as np
+
         holds = []
         for k, (among, counted) in enumerate(zip(self._candidates, engine.counted(), strict=True)):
             waiting = among - counted
             hold = NO_HOLD
             for o in waiting:
                 hold = min(hold, int(self._from[k][o][start]))
-            for buf in pending.values():
-                if buf.origin in waiting and buf.tuples > 0:
-                    low = buf.min_event[k]
-                    if low is None:
-                        if self._known[k]:
-                            continue
-                        low = NEG_INF
-                    hold = min(hold, low)
-            holds.append(hold)
+            lows = [
+                NULL_TIME if (low := buf.min_event[k]) is None else low
+                for buf in pending.values()
+                if buf.origin in waiting and buf.tuples > 0
+            ]
+            holds.append(min(hold, _smallest(np.array(lows, dtype=np.int64), known=self._known[k])))
         return tuple(holds)
+
+
+def _smallest(lows: npt.NDArray[np.int64], *, known: bool) -> int:
+    """The hold for copies with tuples whose smallest event times are ``lows`` (``NULL_TIME``:
+    none): the smallest; ``NEG_INF`` (hold every window) for one whose event times the scan did
+    not read (``known`` false); a copy without event times where they were read is in no window;
+    ``NO_HOLD`` when none is left."""
+    import numpy as np
+
+    if (lows == NULL_TIME).any():
+        if not known:
+            return NEG_INF
+        lows = lows[lows != NULL_TIME]
+    return int(np.min(lows)) if len(lows) else NO_HOLD

@@ -46,6 +46,7 @@ from replay.engine.buffers import scan_buffers
 from replay.engine.copies import Copy, cached_content_hashes
 from replay.engine.file_cache import FileCache
 from replay.engine.inspection import participants_of
+from replay.engine.scan import scan_columns
 from replay.engine.spark import driver_arrow_memory, job_progress
 from replay.runner.batch import process
 from replay.runner.context import Batch, RunContext, fault
@@ -278,8 +279,9 @@ class _Runner:
             self.event("scan", done, total)
 
         spark = self.spark
+        event_times = self.range != (None, None)  # a backfill range needs every key's event times
         with job_progress(spark, scanning if self._listened else None):
-            scan = scan_buffers(spark, layout, config, strict=True, event_times=self.range != (None, None), cache=cache)
+            scan = scan_buffers(spark, layout, config, strict=True, event_times=event_times, cache=cache)
         self.event("scan", seen[1], seen[1])
         schema = spark_schema(layout)
         state.spark_paths.update(scan.spark_paths)
@@ -325,7 +327,7 @@ class _Runner:
             state.engine.join({k: sorted(v) for k, v in participants.items()})
         hold = None
         if mode == "origin":
-            known = [self.range != (None, None) or key.watermark is None for key in layout.keys]
+            known = [events is not None for events in scan_columns(layout, event_times=event_times).events]
             hold = EmissionHold.of(state.engine, plan, state.pending, known)
         ctx = RunContext(
             config=config,

@@ -18,49 +18,34 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from replay.core.buffer import Buffer, PackedBuffers
-from replay.core.config import JobConfig, parse_config
+from replay.core.config import JobConfig
 from replay.core.progress import KeySettings, ProgressEngine
 from replay.core.timeutil import NEG_INF
 from replay.runner import batch as batch_module
 from replay.runner.hold import NO_HOLD, EmissionHold
 from replay.runner.loop import run
-from replay.store.digest import digest
 from replay.store.outputs import read_table
 from tests._archives import buffer, buffer_rows, write_archive
+from tests.runner.test_job import digests, job
 from tests.runner.test_job_vs_reference import _compare, _same_windows, job_view, reference_view
 
 SECOND = 1_000_000
-DETERMINISTIC = ("windows", "late", "integrity")
+#: A tumbling and a sliding aggregation, in windows of half a second and two seconds.
+WINDOWS = [
+    {"name": "half", "size": "500ms", "aggregations": [{"fn": "count"}, {"fn": "sum", "column": "value"}]},
+    {
+        "name": "sliding",
+        "kind": "sliding",
+        "size": "2s",
+        "slide": "1s",
+        "aggregations": [{"fn": "max", "column": "value"}],
+    },
+]
 
 
 def _job(archive: Path, out: Path, **extra: Any) -> JobConfig:
-    base: dict[str, Any] = {
-        "archive": str(archive),
-        "output": str(out / "out"),
-        "checkpoint": str(out / "ckpt"),
-        "lateness": "origin",
-        "windows": [
-            {
-                "name": "half",
-                "size": "500ms",
-                "aggregations": [{"fn": "count"}, {"fn": "sum", "column": "value"}],
-            },
-            {
-                "name": "sliding",
-                "kind": "sliding",
-                "size": "2s",
-                "slide": "1s",
-                "aggregations": [{"fn": "max", "column": "value"}],
-            },
-        ],
-    }
-    return parse_config(base | extra)
-
-
-def _digests(config: JobConfig) -> dict[str, str]:
-    assert config.output is not None
-    found = digest(config.output)
-    return {t: found[t] for t in DETERMINISTIC}
+    """``test_job``'s job in origin mode, over ``WINDOWS``."""
+    return job(archive, out, lateness="origin", windows=WINDOWS, **extra)
 
 
 def _first_file(archive: Path) -> None:
@@ -119,7 +104,7 @@ def test_an_origin_without_watermarks_gives_the_same_windows_whatever_the_cut(
         assert view["late"] == []
     else:
         run(whole, spark=spark, **bounds)
-    expected = _digests(whole)
+    expected = digests(whole)
     windows = read_table(whole.output, "windows")  # type: ignore[arg-type]
     assert windows.num_rows > 0
     for max_buffers, per_pass in ((1, 4), (2, 2), (3, 32)):
@@ -131,7 +116,7 @@ def test_an_origin_without_watermarks_gives_the_same_windows_whatever_the_cut(
         )
         summary = run(config, spark=spark, **bounds)
         assert summary.batches > 1
-        assert _digests(config) == expected, f"max_buffers {max_buffers}, {per_pass} batches per pass"
+        assert digests(config) == expected, f"max_buffers {max_buffers}, {per_pass} batches per pass"
 
 
 def _two_runs(archive: Path, out: Path, spark: Any, **extra: Any) -> JobConfig:
@@ -199,7 +184,7 @@ def test_a_later_run_judges_origins_outside_g_against_g_as_the_run_began(
         config = _two_runs(archive, tmp_path / f"r{number}", spark, **plan)
         summary = run(config, spark=spark)
         if expected is None:
-            expected = _digests(config)
+            expected = digests(config)
             late = read_table(config.output, "late").to_pylist()  # type: ignore[arg-type]
             # Behind G_k as the second run began (6 s): origin 2's tuples before it (two in each
             # sequence the first run left pending behind its gap, one in each new sequence) and
@@ -212,7 +197,7 @@ def test_a_later_run_judges_origins_outside_g_against_g_as_the_run_began(
             assert sum(summary.late_tuples.values()) == len(late) == 3 * 2 + 3 + 4
         else:
             assert summary.batches > 2
-            assert _digests(config) == expected, plan
+            assert digests(config) == expected, plan
 
     # The same second run stopped after its fifth batch and resumed: the resumed part keeps the
     # run's floor (from the engine's snapshot) and its hold.
@@ -232,7 +217,7 @@ def test_a_later_run_judges_origins_outside_g_against_g_as_the_run_began(
     monkeypatch.setattr(batch_module, "fault", real_fault)
     resumed = run(config, spark=spark)
     assert resumed.resumed
-    assert _digests(config) == expected
+    assert digests(config) == expected
 
 
 def test_the_hold_follows_the_tuples_still_to_come_from_origins_outside_g() -> None:

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ScanColumns",
     "as_int64",
+    "event_lows",
     "open_parquet",
     "raw_micros",
     "scan_columns",
@@ -348,3 +349,18 @@ def scan_records(
                 cache.put(path, columns, found[path])
     schema = columns.record_schema()
     return pa.concat_tables([found[path] for path in files] or [schema.empty_table()]), len(missing)
+
+
+def event_lows(
+    spark: SparkSession | None, layout: ArchiveLayout, files: Sequence[str], *, threads: int | None = None
+) -> dict[tuple[str, int], tuple[int | None, ...]]:
+    """Every copy's smallest event time per key (``None``: none) in ``files``, by ``(file, first
+    row)``: the scan with every key's event time column, for a run whose own scan read none
+    (``replay.runner.hold``). Not cached: the file cache keeps the records of the run's own columns."""
+    if not files:
+        return {}
+    columns = scan_columns(layout, event_times=True)
+    records = scan_files(spark, files, columns, threads=threads)
+    names = ["_file", "row_min", *(f"ev{k}_min" for k in range(len(columns.events)))]
+    file, row, *lows = (records[name].to_pylist() for name in names)
+    return {(f, r): tuple(low) for f, r, *low in zip(file, row, *lows, strict=True)}

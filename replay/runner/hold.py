@@ -17,14 +17,17 @@ never which windows there are or what they hold (Numaflow's rule: the watermark 
 data not yet processed).
 
 The smallest event times come from the metadata scan where it read the event times (keys with
-event-time watermarks, or a backfill range); where it did not, a copy with tuples holds every
-window until it is decided. An archive whose every origin counts, the common case, holds
-nothing and pays nothing.
+event-time watermarks, or a backfill range). Where it did not (a key with a watermark column), the
+files holding such origins' copies are scanned once more, with the event time columns
+(``read_lows``), before the run's first batch (should one of those copies no longer be there, its
+file having changed since the scan, the copies hold every window until they are decided, as
+unread). An archive whose every origin counts, the common case, holds nothing, reads
+nothing more and pays nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from replay.core.buffer import NULL_TIME, Buffer, PackedBuffers
@@ -36,10 +39,15 @@ if TYPE_CHECKING:
 
     from replay.core.progress import ProgressEngine
 
-__all__ = ["NO_HOLD", "EmissionHold"]
+__all__ = ["NO_HOLD", "EmissionHold", "LowsReader"]
 
 #: No tuple to wait for: every window whose end ``E_k`` reached is emitted.
 NO_HOLD = 2**63 - 1
+
+#: Reads the smallest event time, per key, of every copy in the given files, by ``(file, first
+#: row)`` (``None``: the copy has no event time for that key): the metadata scan with the event
+#: time columns (``replay.engine.scan``).
+LowsReader = Callable[[Sequence[str]], Mapping[tuple[str, int], Sequence[int | None]]]
 
 
 class EmissionHold:
@@ -56,10 +64,15 @@ class EmissionHold:
         candidates: Sequence[frozenset[int]],
         starts: Sequence[Mapping[int, npt.NDArray[np.int64]]],
         known: Sequence[bool],
+        lows: Mapping[tuple[str, int], Sequence[int | None]] | None = None,
+        reread: frozenset[int] = frozenset(),
     ) -> None:
         self._candidates = candidates
         self._from = starts
         self._known = known
+        # The event times read again (``read_lows``) for the keys ``reread``, whose event times the scan did not read.
+        self._lows = lows
+        self._reread = reread
 
     @classmethod
     def of(
@@ -68,10 +81,13 @@ class EmissionHold:
         plan: Sequence[PackedBuffers],
         pending: Mapping[tuple[int, int, int], Buffer],
         known: Sequence[bool],
+        read_lows: LowsReader | None = None,
     ) -> EmissionHold | None:
         """The hold of a run about to process ``plan`` from ``engine``'s state (the run's origins
         joined); ``pending``: the buffers the engine holds undecided. ``known``: per key, whether
-        the scan read its event times. ``None`` when every origin of the run counts in every key."""
+        the scan read its event times; where it did not and some origin is held for, ``read_lows``
+        reads them from the files of those origins' copies (without it, such a copy holds every
+        window). ``None`` when every origin of the run counts in every key."""
         import numpy as np
 
         origins: set[int] = {b.origin for b in pending.values()}
@@ -80,18 +96,32 @@ class EmissionHold:
         candidates = [frozenset(origins - counted) for counted in engine.counted()]
         if not any(candidates):
             return None
+        reread = frozenset(k for k, among in enumerate(candidates) if among and not known[k])
+        lows = None
+        if reread and read_lows is not None:
+            held = _held_copies(plan, pending, frozenset().union(*(candidates[k] for k in reread)))
+            lows = read_lows(sorted({file for file, _ in held}))
+            if held <= lows.keys():
+                known = [True] * len(known)
+            else:  # a file changed since the scan: such copies hold every window, as unread
+                lows = None
+        if lows is None:
+            reread = frozenset()
         starts: list[dict[int, npt.NDArray[np.int64]]] = []
         for k, among in enumerate(candidates):
             mins = {o: np.full(len(plan) + 1, NO_HOLD, dtype=np.int64) for o in among}
             for i, batch in enumerate(plan):
                 ids = batch.column("origin")
-                with_tuples = batch.column("tuples") > 0
-                low = batch.min_event_column(k)
+                rows = np.flatnonzero((batch.column("tuples") > 0) & np.isin(ids, list(among)))
+                if lows is not None and k in reread:
+                    low = _read_lows(batch, rows, lows, k)
+                else:
+                    low = batch.min_event_column(k)[rows]
                 for o in among:
-                    mins[o][i] = _smallest(low[with_tuples & (ids == o)], known=known[k])
+                    mins[o][i] = _smallest(low[ids[rows] == o], known=known[k])
             # From batch i on: the running minimum from the end.
             starts.append({o: np.minimum.accumulate(m[::-1])[::-1] for o, m in mins.items()})
-        return cls(candidates, starts, known)
+        return cls(candidates, starts, known, lows, reread)
 
     def before(
         self, engine: ProgressEngine, index: int, pending: Mapping[tuple[int, int, int], Buffer]
@@ -117,13 +147,51 @@ class EmissionHold:
             hold = NO_HOLD
             for o in waiting:
                 hold = min(hold, int(self._from[k][o][start]))
-            lows = [
-                NULL_TIME if (low := buf.min_event[k]) is None else low
-                for buf in pending.values()
-                if buf.origin in waiting and buf.tuples > 0
-            ]
+            lows = [self._low(buf, k) for buf in pending.values() if buf.origin in waiting and buf.tuples > 0]
             holds.append(min(hold, _smallest(np.array(lows, dtype=np.int64), known=self._known[k])))
         return tuple(holds)
+
+    def _low(self, buf: Buffer, k: int) -> int:
+        """Key ``k``'s smallest event time of a pending copy, as the plan's columns give it."""
+        if self._lows is None or k not in self._reread:
+            low = buf.min_event[k]
+            return NULL_TIME if low is None else low
+        return _read_low(self._lows, buf.file, buf.row_start, k)
+
+
+def _held_copies(
+    plan: Sequence[PackedBuffers], pending: Mapping[tuple[int, int, int], Buffer], origins: frozenset[int]
+) -> set[tuple[str, int]]:
+    """``(file, first row)`` of the copies with tuples of ``origins``, in ``plan`` or ``pending``."""
+    import numpy as np
+
+    copies = {(b.file, b.row_start) for b in pending.values() if b.origin in origins and b.tuples > 0}
+    for batch in plan:
+        mine = np.flatnonzero(np.isin(batch.column("origin"), list(origins)) & (batch.column("tuples") > 0))
+        files = batch.files
+        starts = batch.column("row_start")[mine].tolist()
+        copies.update((files[f], r) for f, r in zip(batch.file_of[mine].tolist(), starts, strict=True))
+    return copies
+
+
+def _read_low(lows: Mapping[tuple[str, int], Sequence[int | None]], file: str, row_start: int, k: int) -> int:
+    """A held copy's smallest event time for key ``k`` as read again (``NULL_TIME``: none)."""
+    low = lows[file, row_start][k]
+    return NULL_TIME if low is None else low
+
+
+def _read_lows(
+    batch: PackedBuffers,
+    rows: npt.NDArray[np.intp],
+    lows: Mapping[tuple[str, int], Sequence[int | None]],
+    k: int,
+) -> npt.NDArray[np.int64]:
+    """Key ``k``'s smallest event time of ``batch``'s copies ``rows``, as read again (``_read_low``)."""
+    import numpy as np
+
+    files, starts = batch.files, batch.column("row_start")[rows].tolist()
+    values = [_read_low(lows, files[f], r, k) for f, r in zip(batch.file_of[rows].tolist(), starts, strict=True)]
+    return np.array(values, dtype=np.int64)
 
 
 def _smallest(lows: npt.NDArray[np.int64], *, known: bool) -> int:

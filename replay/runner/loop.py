@@ -46,7 +46,7 @@ from replay.engine.buffers import scan_buffers
 from replay.engine.copies import Copy, cached_content_hashes
 from replay.engine.file_cache import FileCache
 from replay.engine.inspection import participants_of
-from replay.engine.scan import scan_columns
+from replay.engine.scan import event_lows, scan_columns
 from replay.engine.spark import driver_arrow_memory, job_progress
 from replay.runner.batch import process
 from replay.runner.context import Batch, RunContext, fault
@@ -328,7 +328,9 @@ class _Runner:
         hold = None
         if mode == "origin":
             known = [events is not None for events in scan_columns(layout, event_times=event_times).events]
-            hold = EmissionHold.of(state.engine, plan, state.pending, known)
+            hold = EmissionHold.of(
+                state.engine, plan, state.pending, known, lambda files: event_lows(spark, layout, files)
+            )
         ctx = RunContext(
             config=config,
             store=store,

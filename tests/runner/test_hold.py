@@ -119,6 +119,40 @@ def test_an_origin_without_watermarks_gives_the_same_windows_whatever_the_cut(
         assert digests(config) == expected, f"max_buffers {max_buffers}, {per_pass} batches per pass"
 
 
+def _emitted_by_batch(config: JobConfig) -> dict[int, int]:
+    """How many windows each batch emitted: the rows of its ``windows`` directory."""
+    import re
+
+    import pyarrow.parquet as pq
+
+    counts: dict[int, int] = {}
+    for part in sorted((Path(config.output) / "data" / "windows").rglob("*.parquet")):
+        found = re.search(r"-b(\d{8})-", part.parent.name)
+        assert found is not None, part
+        batch = int(found.group(1))
+        counts[batch] = counts.get(batch, 0) + pq.ParquetFile(part).metadata.num_rows
+    return counts
+
+
+@pytest.mark.spark
+def test_with_a_watermark_column_the_hold_reads_the_held_copies_event_times(
+    archive: Path, tmp_path: Path, spark: Any
+) -> None:
+    """The scan of a run with a ``watermark`` column reads no event time, so the run reads those of
+    origin 2's copies before its first batch and holds windows only as far as they need: each batch
+    emits what it emits when the scan reads every event time (a backfill range around the whole
+    archive), not everything at the end of the run."""
+    cut = {"micro_batch": {"max_buffers": 2, "max_batches_per_pass": 32}}
+    plain = _job(archive, tmp_path / "plain", **cut)
+    ranged = _job(archive, tmp_path / "ranged", **cut)
+    run(plain, spark=spark)
+    run(ranged, spark=spark, start=-100 * SECOND, end=100 * SECOND)
+    assert digests(plain) == digests(ranged)
+    emitted = _emitted_by_batch(plain)
+    assert emitted == _emitted_by_batch(ranged)
+    assert len(emitted) > 2  # windows leave in many batches, not all in the last
+
+
 def _two_runs(archive: Path, out: Path, spark: Any, **extra: Any) -> JobConfig:
     """The first file in one run, then the second file in a run cut by ``extra``."""
     run(_job(archive, out), spark=spark)
@@ -258,3 +292,41 @@ def test_the_hold_follows_the_tuples_still_to_come_from_origins_outside_g() -> N
     # Event times the scan did not read: a copy with tuples holds every window until it is decided.
     unknown = EmissionHold.of(engine, [PackedBuffers.of([copy(2, 6, None)], 1)], {}, known=[False])
     assert unknown is not None and unknown.before(engine, 0, {}) == (NEG_INF,)
+
+
+def test_event_times_the_scan_did_not_read_are_read_from_the_held_copies_files() -> None:
+    """Without Spark: with ``read_lows`` the hold asks for the files of the held origins' copies
+    with tuples only, and holds as far as their event times need; when the second reading misses
+    a copy (its file changed), every such copy holds every window, as if nothing was read."""
+    engine = ProgressEngine(
+        keys=[KeySettings(name="default", allowed_lateness=0, derived=False)],  # type: ignore[arg-type]
+        mode="origin",
+        participants={"default": [1]},
+    )
+
+    def copy(origin: int, sequence: int, file: str, row: int, wm: int | None = None, tuples: int = 1) -> Buffer:
+        return buffer(origin=origin, sequence=sequence, watermarks=(wm,), file=file, row_start=row, tuples=tuples)
+
+    plan = [
+        PackedBuffers.of([copy(1, 1, "a", 0, wm=10), copy(2, 1, "b", 0)], 1),
+        PackedBuffers.of([copy(1, 2, "c", 0, wm=20), copy(2, 2, "b", 5), copy(2, 3, "d", 0, tuples=0)], 1),
+    ]
+    pending = {(2, 9, 1): copy(2, 9, "e", 3)}
+    lows = {("b", 0): (50,), ("b", 5): (40,), ("e", 3): (45,)}
+    asked: list[list[str]] = []
+
+    def read(files: Any) -> dict[tuple[str, int], tuple[int | None, ...]]:
+        asked.append(list(files))
+        return lows
+
+    hold = EmissionHold.of(engine, plan, pending, known=[False], read_lows=read)
+    assert hold is not None
+    assert asked == [["b", "e"]]  # not origin 1's files, nor "d" (punctuation only)
+    assert hold.before(engine, 0, pending) == (40,)
+    assert hold.after(engine, 0, pending, last=False) == (40,)
+    assert hold.after(engine, 1, pending, last=False) == (45,)  # the pending copy
+    assert hold.after(engine, 1, pending, last=True) == (NO_HOLD,)
+    del lows["b", 5]
+    again = EmissionHold.of(engine, plan, pending, known=[False], read_lows=read)
+    assert again is not None and again.before(engine, 0, pending) == (NEG_INF,)
+    assert again.after(engine, 1, pending, last=False) == (NEG_INF,)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -16,6 +17,10 @@ if TYPE_CHECKING:
     from replay.quality.validate import ValidationOutcome
 
 from tests import _background
+
+# As ``replay``'s entry point does: py4j logs every connection it closes at INFO, also from
+# finalizers at the interpreter's exit, when a stream a test logged to may be closed already.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 settings.register_profile(
     "default",

@@ -11,9 +11,13 @@ refuses a version without a passing one.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import logging
 import os
 import shutil
+import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -124,6 +128,22 @@ def _quiet_gx() -> None:
         gx_log.setLevel(logging.WARNING)
 
 
+def _import_gx_ahead() -> None:
+    """Import Great Expectations in a thread of its own (some 6 s of CPU on a slow 2-core machine)
+    while this one starts the Spark session and reads the suites' inputs, which mostly wait for the
+    JVM; the suites' own import then finds it loaded, or waits for it, or imports it again and says
+    what went wrong."""
+    if "great_expectations.expectations" in sys.modules:
+        return
+    _quiet_gx()
+
+    def load() -> None:
+        with contextlib.suppress(Exception):
+            importlib.import_module("great_expectations.expectations")
+
+    threading.Thread(target=load, name="replay-import-gx", daemon=True).start()
+
+
 def _context(root: Path) -> Any:
     _quiet_gx()
     import great_expectations as gx
@@ -229,6 +249,7 @@ def validate(
                 code="validate.unknown_suite",
             )
     config = JobConfig.model_validate(manifest.config)
+    _import_gx_ahead()
     session = spark or get_session(config.spark)
     inputs = _inputs(session, root, v, manifest)
     project = root / "_validation"

@@ -70,7 +70,8 @@ class EmissionHold:
         self._candidates = candidates
         self._from = starts
         self._known = known
-        # The event times read again (``read_lows``) for the keys ``reread``, whose event times the scan did not read.
+        # The event times read again (``read_lows``), for the keys ``reread``: those whose event
+        # times the scan did not read.
         self._lows = lows
         self._reread = reread
 
@@ -152,7 +153,7 @@ class EmissionHold:
         return tuple(holds)
 
     def _low(self, buf: Buffer, k: int) -> int:
-        """Key ``k``'s smallest event time of a pending copy, as the plan's columns give it."""
+        """Key ``k``'s smallest event time of a pending copy: as the scan gave it, or as read again."""
         if self._lows is None or k not in self._reread:
             low = buf.min_event[k]
             return NULL_TIME if low is None else low

@@ -352,7 +352,7 @@ def scan_records(
 
 
 def event_lows(
-    spark: SparkSession | None, layout: ArchiveLayout, files: Sequence[str], *, threads: int | None = None
+    spark: SparkSession | None, layout: ArchiveLayout, files: Sequence[str]
 ) -> dict[tuple[str, int], tuple[int | None, ...]]:
     """Every copy's smallest event time per key (``None``: none) in ``files``, by ``(file, first
     row)``: the scan with every key's event time column, for a run whose own scan read none
@@ -360,7 +360,7 @@ def event_lows(
     if not files:
         return {}
     columns = scan_columns(layout, event_times=True)
-    records = scan_files(spark, files, columns, threads=threads)
+    records = scan_files(spark, files, columns)
     names = ["_file", "row_min", *(f"ev{k}_min" for k in range(len(columns.events)))]
     file, row, *lows = (records[name].to_pylist() for name in names)
     return {(f, r): tuple(low) for f, r, *low in zip(file, row, *lows, strict=True)}

@@ -34,6 +34,7 @@ __all__ = [
     "driver_java_options",
     "follow_cores",
     "get_session",
+    "import_ahead",
     "job_progress",
     "planned_master",
     "python_worker_conf",
@@ -202,12 +203,19 @@ def _import_ahead() -> None:
     argument once the JVM is up: ``pyspark.testing.utils``, and pandas through it (0.35 s of a cold
     run, docs/performance.md). Started just before the JVM is, it runs while this thread only waits
     for the JVM's gateway; PySpark's own import then finds the module loaded (or waits for it)."""
-    if "pyspark.testing.utils" in sys.modules:
+    import_ahead("pyspark.testing.utils")
+
+
+def import_ahead(module: str) -> None:
+    """Import ``module`` in a daemon thread of its own, unless it is loaded already, while this
+    thread goes on with work that mostly waits (for the JVM, say). An import that fails there is
+    let go: the caller's own import later does it again and says what went wrong."""
+    if module in sys.modules:
         return
 
     def load() -> None:
-        with contextlib.suppress(Exception):  # PySpark imports it again, and says what went wrong
-            importlib.import_module("pyspark.testing.utils")
+        with contextlib.suppress(Exception):
+            importlib.import_module(module)
 
     threading.Thread(target=load, name="replay-import-ahead", daemon=True).start()
 

@@ -11,13 +11,9 @@ refuses a version without a passing one.
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import logging
 import os
 import shutil
-import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -133,15 +129,10 @@ def _import_gx_ahead() -> None:
     while this one starts the Spark session and reads the suites' inputs, which mostly wait for the
     JVM; the suites' own import then finds it loaded, or waits for it, or imports it again and says
     what went wrong."""
-    if "great_expectations.expectations" in sys.modules:
-        return
+    from replay.engine.spark import import_ahead
+
     _quiet_gx()
-
-    def load() -> None:
-        with contextlib.suppress(Exception):
-            importlib.import_module("great_expectations.expectations")
-
-    threading.Thread(target=load, name="replay-import-gx", daemon=True).start()
+    import_ahead("great_expectations.expectations")
 
 
 def _context(root: Path) -> Any:

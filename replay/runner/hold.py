@@ -169,10 +169,14 @@ def _held_copies(
     copies = {(b.file, b.row_start) for b in pending.values() if b.origin in origins and b.tuples > 0}
     for batch in plan:
         mine = np.flatnonzero(np.isin(batch.column("origin"), list(origins)) & (batch.column("tuples") > 0))
-        files = batch.files
-        starts = batch.column("row_start")[mine].tolist()
-        copies.update((files[f], r) for f, r in zip(batch.file_of[mine].tolist(), starts, strict=True))
+        copies.update(_copies(batch, mine))
     return copies
+
+
+def _copies(batch: PackedBuffers, rows: npt.NDArray[np.intp]) -> list[tuple[str, int]]:
+    """``(file, first row)`` of ``batch``'s copies ``rows``: how ``read_lows`` names a copy."""
+    files, starts = batch.files, batch.column("row_start")[rows].tolist()
+    return [(files[f], r) for f, r in zip(batch.file_of[rows].tolist(), starts, strict=True)]
 
 
 def _read_low(lows: Mapping[tuple[str, int], Sequence[int | None]], file: str, row_start: int, k: int) -> int:
@@ -190,9 +194,7 @@ def _read_lows(
     """Key ``k``'s smallest event time of ``batch``'s copies ``rows``, as read again (``_read_low``)."""
     import numpy as np
 
-    files, starts = batch.files, batch.column("row_start")[rows].tolist()
-    values = [_read_low(lows, files[f], r, k) for f, r in zip(batch.file_of[rows].tolist(), starts, strict=True)]
-    return np.array(values, dtype=np.int64)
+    return np.array([_read_low(lows, file, row, k) for file, row in _copies(batch, rows)], dtype=np.int64)
 
 
 def _smallest(lows: npt.NDArray[np.int64], *, known: bool) -> int:

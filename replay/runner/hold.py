@@ -103,7 +103,7 @@ class EmissionHold:
             held = _held_copies(plan, pending, frozenset().union(*(candidates[k] for k in reread)))
             lows = read_lows(sorted({file for file, _ in held}))
             if held <= lows.keys():
-                known = [True] * len(known)
+                known = [read or k in reread for k, read in enumerate(known)]
             else:  # a file changed since the scan: such copies hold every window, as unread
                 lows = None
         if lows is None:

@@ -330,3 +330,9 @@ def test_event_times_the_scan_did_not_read_are_read_from_the_held_copies_files()
     again = EmissionHold.of(engine, plan, pending, known=[False], read_lows=read)
     assert again is not None and again.before(engine, 0, pending) == (NEG_INF,)
     assert again.after(engine, 1, pending, last=False) == (NEG_INF,)
+    # Read again without an event time for the key, a copy is in no window: it holds nothing (while
+    # a copy whose event times were never read holds every window).
+    lows["b", 5] = (None,)
+    timeless = EmissionHold.of(engine, plan, pending, known=[False], read_lows=read)
+    assert timeless is not None and timeless.before(engine, 0, pending) == (45,)
+    assert timeless.after(engine, 0, pending, last=True) == (NO_HOLD,)

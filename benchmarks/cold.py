@@ -9,17 +9,23 @@ once the archive exists) and without it (``REPLAY_JVM_ARCHIVE=off``), with its J
 Replay's JVM options, the same archive and thresholds (``--java-options``), for the engines'
 comparison on an equal start. The commands run round-robin: one untimed round, then ``repeats`` rounds; medians.
 
+"kept driver": the same ``replay run`` command, in its own process, sent to a kept driver
+(``replay driver serve``, started before the rounds and left idle while the other commands run):
+what a scheduled replay pays once its driver is up. The untimed round is that driver's first run.
+
 Run as ``./dev.sh bench cold [--sizes 10000000:1000] [--repeats 3]``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,6 +64,7 @@ def bench_cold(
     for tuples, buffer_tuples in sizes:
         path = archive(tuples, buffer_tuples, files=40)
         work = Path(tempfile.mkdtemp(prefix="replay-cold-"))
+        home = work / "driver"
         try:
             config = run_settings(path, work, None).model_dump(mode="json")
             config["spark"] = {"conf": {"spark.sql.shuffle.partitions": "2"}}
@@ -72,13 +79,17 @@ def bench_cold(
             plain = [*baseline, "--only", "batch"]
             stream = [*baseline, "--only", "streaming", "--max-files-per-trigger", "2"]
             given = ["--java-options", replays]
+            serve = _serve(replay, home, work / "driver.log")
+            kept = ["--driver", str(home)]
             # name: (the command, whether its JVM starts from the archive)
             commands: dict[str, tuple[list[str], bool]] = {
                 "replay 1 batch": (run_one, True),
+                "replay 1 batch, kept driver": ([*run_one, *kept], True),
                 "replay 1 batch, no archive": ([*off, *run_one], False),
                 "plain batch": (plain, False),
                 "plain batch, Replay's JVM options": ([*plain, *given], True),
                 "replay ~20 batches": (run_many, True),
+                "replay ~20 batches, kept driver": ([*run_many, *kept], True),
                 "replay ~20 batches, no archive": ([*off, *run_many], False),
                 "streaming ~20 triggers": (stream, False),
                 "streaming ~20 triggers, Replay's JVM options": ([*stream, *given], True),
@@ -92,13 +103,21 @@ def bench_cold(
                     print(f"  {name} (round {attempt}): {seconds:.1f} s", flush=True)
                     if attempt:
                         timed.setdefault(name, []).append(seconds)
+            status = subprocess.run([replay, "driver", "status", "--dir", str(home), "--json"], capture_output=True)
+            print(f"  the kept driver after its runs: {status.stdout.decode().strip()}", flush=True)
         finally:
+            subprocess.run([replay, "driver", "stop", "--dir", str(home)], capture_output=True)
+            with contextlib.suppress(NameError, subprocess.TimeoutExpired):
+                serve.wait(120)
             shutil.rmtree(work, ignore_errors=True)
         mid = {name: statistics.median(values) for name, values in timed.items()}
+        streaming_given = "streaming ~20 triggers, Replay's JVM options"
         pairs = {
             "replay 1 batch": ("plain batch", "plain batch, Replay's JVM options"),
             "replay 1 batch, no archive": ("plain batch",),
-            "replay ~20 batches": ("streaming ~20 triggers", "streaming ~20 triggers, Replay's JVM options"),
+            "replay 1 batch, kept driver": ("plain batch", "plain batch, Replay's JVM options"),
+            "replay ~20 batches, kept driver": ("streaming ~20 triggers", streaming_given),
+            "replay ~20 batches": ("streaming ~20 triggers", streaming_given),
             "replay ~20 batches, no archive": ("streaming ~20 triggers",),
         }
         for name, values in timed.items():
@@ -113,6 +132,17 @@ def bench_cold(
                     f"| {mid[other] / mid[name]:.2f} |"
                 )
     return "\n".join(rows)
+
+
+def _serve(replay: str, home: Path, log: Path) -> subprocess.Popen[bytes]:
+    """``replay driver serve --dir home``, once it has published its address."""
+    command = [replay, "driver", "serve", "--dir", str(home)]
+    serve = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    while not (home / "driver.json").exists():
+        if serve.poll() is not None:
+            raise SystemExit(f"replay driver serve ended with {serve.returncode}: {log.read_text()[-2000:]}")
+        time.sleep(0.2)
+    return serve
 
 
 def _buffers(path: Path) -> int:

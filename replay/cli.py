@@ -26,6 +26,7 @@ from replay.console import (
     print_validation,
 )
 from replay.core.errors import ReplayError
+from replay.driver.commands import driver_app
 
 __all__ = ["app", "main"]
 
@@ -36,6 +37,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+app.add_typer(driver_app, name="driver")
 
 
 def _version(value: bool) -> None:
@@ -189,10 +191,16 @@ def run_command(
             "how a caller that only sees the exit code, such as spark-submit, gets the result."
         ),
     ] = None,
+    driver: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="REPLAY_DRIVER",
+            help="Run on the kept driver whose home this is ('replay driver serve'), not in this process.",
+        ),
+    ] = None,
 ) -> None:
     """Replay the archive in micro-batches into a new output version, resuming from the checkpoint."""
     from replay.core.config import load_config
-    from replay.runner.loop import run
     from replay.store.durable import write_json_atomic
 
     range_start, range_end = _timestamp(start, "--start"), _timestamp(end, "--end")
@@ -205,7 +213,15 @@ def run_command(
         with Steps(
             {"footers": "reading footers", "scan": "scanning buffers (Spark)", "batch": "micro-batches"}
         ) as steps:
-            summary = run(job, start=range_start, end=range_end, on_event=steps)
+            if driver is not None:
+                from replay.driver.client import run_on_driver
+                from replay.driver.home import DriverHome
+
+                summary = run_on_driver(DriverHome(driver), job, start=range_start, end=range_end, on_event=steps)
+            else:
+                from replay.runner.loop import run
+
+                summary = run(job, start=range_start, end=range_end, on_event=steps)
     except ReplayError as error:
         if summary_file is not None:
             failure = error.to_dict() | {"message": error.message, "kind": type(error).__name__}

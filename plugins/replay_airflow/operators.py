@@ -13,12 +13,13 @@ the task's ``retries`` allow.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 from airflow.sdk import BaseOperator
+
+from replay_airflow.engines import Progress
 
 __all__ = [
     "ReplayPlanOperator",
@@ -45,23 +46,6 @@ def task_errors() -> Iterator[None]:
 
 def _int_or_none(value: Any) -> int | None:
     return None if value in (None, "", "None") else int(value)
-
-
-class _Progress:
-    """Log lines for replay's ``on_event(step, done, total)``: the first, the last, and one per 10 s."""
-
-    def __init__(self, log: Any) -> None:
-        self.log = log
-        self.last = 0.0
-
-    def __call__(self, step: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        if done in (0, total) or now - self.last >= 10:
-            self.last = now
-            self.log.info("%s: %d/%d", step, done, total)
-
-    def files(self, done: int, total: int) -> None:
-        self("footers", done, total)
 
 
 class ReplayPlanOperator(BaseOperator):
@@ -130,7 +114,7 @@ class ReplayPlanOperator(BaseOperator):
             if self.inspect:
                 from replay import inspect_archive
 
-                report = inspect_archive(resolved.config, on_step=_Progress(self.log)).to_dict()
+                report = inspect_archive(resolved.config, on_step=Progress(self.log)).to_dict()
                 summary = {k: v for k, v in report.items() if not isinstance(v, list | dict)}
                 summary["keys"] = report["keys"]
                 summary["integrity"] = {name: len(items) for name, items in report["integrity"].items()}
@@ -139,7 +123,7 @@ class ReplayPlanOperator(BaseOperator):
                 # Footers only: the archive's files and schema are checked without Spark.
                 from replay.engine.archive import inspect_schema, resolve_lateness
 
-                layout = inspect_schema(resolved.config, on_file=_Progress(self.log).files)
+                layout = inspect_schema(resolved.config, on_file=Progress(self.log).files)
                 summary = {
                     "files": len(layout.files),
                     "lateness": resolve_lateness(resolved.config, layout),
@@ -167,7 +151,9 @@ class ReplayRunOperator(BaseOperator):
     (the default) calls ``replay.run`` inside this task, on the job's ``spark_master``;
     ``spark_submit`` hands ``python -m replay run`` to spark-submit, through the Spark provider's
     ``SparkSubmitHook`` (what ``SparkSubmitOperator`` runs), against the cluster of the Airflow
-    connection ``conn_id``, and waits for it. Both return the same summary.
+    connection ``conn_id``, and waits for it; ``kept_driver`` sends the run to the kept driver
+    (``replay driver serve``) whose home the worker's ``REPLAY_DRIVER`` names, and waits for it
+    (the task's end cancels it). All three return the same summary.
 
     :param plan: the result of ``ReplayPlanOperator`` (templated; pass ``plan_task.output``)
     :param conn_id: the Spark connection of the ``spark_submit`` engine (e.g.
@@ -187,12 +173,14 @@ class ReplayRunOperator(BaseOperator):
 
         with task_errors():
             job = ResolvedJob.from_xcom(self.plan)
-            if job.engine == "spark_submit":
-                result = self._submit(job, context)
-            else:
-                from replay import run
+            from replay_airflow import engines
 
-                result = run(job.config, start=job.start, end=job.end, on_event=_Progress(self.log)).to_dict()
+            if job.engine == "spark_submit":
+                result = engines.submitted(job, context, self.conn_id, self.log)
+            elif job.engine == "kept_driver":
+                result = engines.on_kept_driver(job, self.log)
+            else:
+                result = engines.in_task(job, self.log)
         if result["batches"] or result["new_version"]:
             from replay_airflow.records import record_task
 
@@ -217,62 +205,6 @@ class ReplayRunOperator(BaseOperator):
             result["late_tuples"],
         )
         return result
-
-    def _submit(self, job: Any, context: Any) -> dict[str, Any]:
-        """``spark-submit .../replay/__main__.py run --config <job> --summary-file <file>``; its summary.
-
-        The driver runs in client mode on this worker (a standalone master runs no Python driver
-        in cluster mode), with this environment's interpreter on both sides; the job's Spark
-        settings go along as ``--conf``. A Replay error in the driver fails the task without
-        retries, with replay's message, as in the ``in_task`` engine.
-        """
-        import json
-        import os
-        import sys
-        import tempfile
-        from pathlib import Path
-
-        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-        from airflow.sdk.exceptions import AirflowFailException
-
-        import replay
-        from replay.core.timeutil import format_ts
-        from replay.engine.spark import driver_java_options, with_job_conf
-
-        python = sys.executable
-        with tempfile.TemporaryDirectory(prefix="replay-submit-") as tmp:
-            job_file, summary_file = Path(tmp, "job.json"), Path(tmp, "summary.json")
-            job_file.write_text(json.dumps(job.config.model_dump(mode="json")), encoding="utf-8")
-            args = ["run", "--config", str(job_file), "--summary-file", str(summary_file)]
-            for option, bound in (("--start", job.start), ("--end", job.end)):
-                text = format_ts(bound)  # exact: sub-millisecond digits are kept
-                if text is not None:
-                    args += [option, text]
-            ti = context["ti"]
-            hook = SparkSubmitHook(
-                conn_id=self.conn_id,
-                conf=with_job_conf({"spark.driver.extraJavaOptions": driver_java_options()}, job.config.spark.conf),
-                name=f"replay {ti.dag_id} {ti.run_id}",
-                application_args=args,
-                env_vars={
-                    "PYSPARK_PYTHON": python,
-                    "PYSPARK_DRIVER_PYTHON": python,
-                    # spark-submit itself: the one of the locked PySpark, beside this interpreter.
-                    "PATH": os.path.dirname(python) + os.pathsep + os.environ.get("PATH", ""),
-                },
-            )
-            application = str(Path(replay.__file__).with_name("__main__.py"))
-            self.log.info("spark-submit on connection %r: %s %s", self.conn_id, application, " ".join(args))
-            try:
-                hook.submit(application=application)
-            except Exception:
-                if summary_file.exists() and "error" in (outcome := json.loads(summary_file.read_text())):
-                    raise AirflowFailException(outcome["error"]["message"]) from None
-                raise
-            if not summary_file.exists():
-                raise RuntimeError(f"spark-submit ended without the summary {summary_file} of 'replay run'")
-            summary: dict[str, Any] = json.loads(summary_file.read_text(encoding="utf-8"))["summary"]
-        return summary
 
 
 class _OutputOperator(BaseOperator):
@@ -383,7 +315,7 @@ class ReplayValidateOperator(_OutputOperator):
                     "version %d of %s already passed validation at %s", version, output, record["validated_at"]
                 )
                 return {"output": output, "version": version, "success": True, "revalidated": False}
-            outcome = validate(output, version, suites=self.suites, on_step=_Progress(self.log))
+            outcome = validate(output, version, suites=self.suites, on_step=Progress(self.log))
         self.log.info("Data Docs: %s", outcome.data_docs)
         from replay_airflow.records import record_task
 

@@ -43,7 +43,7 @@ FORM_FIELDS = (
 
 #: Where a run's Spark driver runs: inside the Airflow task (``spark_master`` is its master), or
 #: started by spark-submit against the cluster of the Airflow connection ``spark_master``.
-ENGINES = ("in_task", "spark_submit")
+ENGINES = ("in_task", "spark_submit", "kept_driver")
 
 _RANGE_DESCRIPTION = (
     "event-time range of a backfill, {which} (ISO 8601 with an offset, e.g. 2026-01-01T00:00:00Z); "
@@ -103,7 +103,8 @@ def param_schemas() -> dict[str, dict[str, Any]]:
         "description": (
             "in_task: the Spark driver runs inside the Airflow task, on spark_master; spark_submit: "
             "the replay is submitted with spark-submit to the cluster of the Airflow connection "
-            "spark_master (spark_master above is then not used)"
+            "spark_master (spark_master above is then not used); kept_driver: the replay is sent to "
+            "the kept driver (replay driver serve) whose home the worker's REPLAY_DRIVER names"
         ),
     }
     for which, name in (("inclusive", "start"), ("exclusive", "end")):
@@ -275,7 +276,7 @@ def resolve_job(
         raise ConfigError(
             f"param 'engine' = {engine!r} is not one of {list(ENGINES)}",
             where=Location(field="engine"),
-            todo="choose in_task (the default) or spark_submit",
+            todo="choose in_task (the default), spark_submit or kept_driver",
             code="airflow.bad_engine",
         )
     data = {k: v for k, v in params.items() if k not in ("start", "end", "spark_master", "spark_conf", "engine")}

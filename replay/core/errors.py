@@ -25,6 +25,7 @@ __all__ = [
     "ConfigError",
     "ConflictingDuplicateError",
     "DataError",
+    "DriverError",
     "EmptyArchiveError",
     "IncompatibleCheckpointError",
     "LedgerError",
@@ -94,6 +95,11 @@ class ReplayError(Exception):
             text += f" Where: {loc}."
         return text + f" What to do: {self.todo}."
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as what it was built from (``Exception`` would pickle only the message): an error
+        raised in a kept driver reaches its client whole (``replay.driver``)."""
+        return (_rebuilt, (type(self), self.what, self.todo, self.where, self.code))
+
     # Convenience accessors so callers (and tests) need not go through ``where``.
     @property
     def file(self) -> str | None:
@@ -124,6 +130,10 @@ class ReplayError(Exception):
             "where": {k: v for k, v in loc.items() if v is not None} | self.where.extra,
             "todo": self.todo,
         }
+
+
+def _rebuilt(kind: type[ReplayError], what: str, todo: str, where: Location, code: str) -> ReplayError:
+    return kind(what, todo=todo, where=where, code=code)
 
 
 class ConfigError(ReplayError):
@@ -209,3 +219,11 @@ class LedgerError(DataError):
     """A batch's ledger does not balance: a buffer or a tuple was lost or counted twice."""
 
     code = "ledger.mismatch"
+
+
+class DriverError(ReplayError):
+    """The kept driver (``replay.driver``) cannot be reached, takes no more runs, or ended during a
+    run: an operational failure, which a retry may get past (the Airflow operator's is retried)."""
+
+    code = "driver.error"
+    exit_code = 1

@@ -36,6 +36,7 @@ __all__ = [
     "get_session",
     "import_ahead",
     "job_progress",
+    "job_session",
     "planned_master",
     "python_worker_conf",
     "with_job_conf",
@@ -45,6 +46,7 @@ _MIN_SPLITS = "spark.sql.files.minPartitionNum"
 _SHUFFLE = "spark.sql.shuffle.partitions"
 _JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 _DAEMON_MODULE = "spark.python.daemon.module"
+_DEFAULT_MASTER = "local[*]"
 _CHOSEN = "spark.replay.chosen."  # + a key: the value ``get_session`` chose for it (``follow_cores``)
 
 _DEFAULTS = {
@@ -166,7 +168,7 @@ def get_session(settings: SparkSettings | None = None, *, app_name: str = "repla
     if not submitted:
         check_java()
     driver_arrow_memory()
-    master = settings.master if settings is not None else "local[*]"
+    master = settings.master if settings is not None else _DEFAULT_MASTER
     # The batch pass writes its tables from Python workers (pyarrow): they run this interpreter
     # unless the deployment names another one.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -191,10 +193,56 @@ def get_session(settings: SparkSettings | None = None, *, app_name: str = "repla
         _import_ahead()
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    _choose_per_core(session, conf)
+    return session
+
+
+def _choose_per_core(session: SparkSession, given: Mapping[str, str]) -> None:
+    """Set ``_per_core``'s settings on ``session``, except those ``given`` names (the job's stand)."""
     for key, value in _per_core(session).items():
-        if key not in conf:  # the job's own setting stands
+        if key not in given:
             session.conf.set(key, value)
             session.conf.set(_CHOSEN + key, value)
+
+
+def job_session(base: SparkSession, settings: SparkSettings) -> SparkSession:
+    """A session of its own for one job, on ``base``'s driver (a kept driver's: ``replay.driver``).
+
+    It shares ``base``'s JVM, and with it what the JVM compiled and Spark's generated classes, and
+    has SQL settings of its own: Replay's, those ``_per_core`` chooses, and the job's
+    ``spark.conf``. What a session cannot change, the master and the settings fixed when the
+    driver started (its JVM options, memory, the cluster's), must be what the job asks for or
+    absent from it; a job's ``local[*]``, the default, takes the driver's master.
+
+    Raises:
+        ConfigError: the job asks for another master, or for a static setting the driver has
+            another value of.
+    """
+    context = base.sparkContext
+    master = str(context.master)
+    if settings.master not in (master, _DEFAULT_MASTER):
+        raise ConfigError(
+            f"the job asks for the Spark master {settings.master}; the kept driver runs {master}",
+            where=Location(field="spark.master"),
+            code="driver.master",
+            todo=f"run it with --spark-master {master} (or spark.master in the job file), "
+            f"start a driver with --master {settings.master}, or run it without the driver",
+        )
+    session = base.newSession()
+    fixed = dict(context.getConf().getAll())
+    for key, value in settings.conf.items():
+        if session.conf.isModifiable(key):
+            session.conf.set(key, value)
+        elif fixed.get(key) != value:
+            raise ConfigError(
+                f"the job sets {key}={value}, which is fixed when a driver starts; "
+                f"the kept driver has {fixed.get(key, 'no value')}",
+                where=Location(field=f"spark.conf.{key}"),
+                code="driver.static_conf",
+                todo=f"start a driver with --conf {key}={value}, drop the setting from the job, "
+                "or run it without the driver",
+            )
+    _choose_per_core(session, settings.conf)
     return session
 
 
@@ -231,7 +279,7 @@ def planned_master(settings: SparkSettings | None = None) -> str | None:
         return str(active.sparkContext.master)
     if "PYSPARK_GATEWAY_PORT" in os.environ:
         return None
-    return settings.master if settings is not None else "local[*]"
+    return settings.master if settings is not None else _DEFAULT_MASTER
 
 
 def with_job_conf(conf: Mapping[str, str], given: Mapping[str, str]) -> dict[str, str]:

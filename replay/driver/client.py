@@ -1,0 +1,133 @@
+"""What a command calls to use a kept driver: send it a run (``run_on_driver``), ask how it is
+(``driver_status``), stop it (``stop_driver``)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Callable
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Connection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from replay.core.errors import DriverError, Location
+from replay.core.paths import local_path
+from replay.driver.home import DriverHome
+
+if TYPE_CHECKING:
+    from replay.core.config import JobConfig
+    from replay.runner.summary import RunSummary
+
+__all__ = ["driver_status", "run_on_driver", "stop_driver"]
+
+log = logging.getLogger("replay.driver")
+
+
+def run_on_driver(
+    home: DriverHome,
+    config: JobConfig,
+    *,
+    start: int | None = None,
+    end: int | None = None,
+    on_event: Callable[[str, int, int], None] | None = None,
+) -> RunSummary:
+    """``replay.run(config, start=, end=)`` on the kept driver of ``home``: the same summary, the
+    same errors, the same events. Relative local paths are resolved here, against this process's
+    working directory, not the driver's. Ctrl-C (or this process's end) cancels the run.
+
+    Raises:
+        DriverError: no driver answers at ``home`` (``driver.unreachable``), it is stopping
+            (``driver.stopping``), it ended during the run (``driver.lost``), or the run failed
+            there with an unexpected error (``driver.crashed``, its traceback on stderr).
+        ConfigError: the job asks for what the driver cannot give (``driver.master``,
+            ``driver.static_conf``).
+        ReplayError: what the run raised, as in process.
+    """
+    conn = _connect(home)
+    try:
+        conn.send({"op": "run", "job": _absolute(config), "start": start, "end": end})
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError) as exc:
+                raise DriverError(
+                    f"the kept driver at {home.path} ended during the run ({type(exc).__name__})",
+                    code="driver.lost",
+                    where=Location(file=str(home.record)),
+                    todo="look at the driver's log; nothing of the batch in progress was committed, and "
+                    "the next run resumes from the checkpoint",
+                ) from exc
+            if "event" in message:
+                if on_event is not None:
+                    on_event(*message["event"])
+            elif "log" in message:
+                level, name, text = message["log"]
+                logging.getLogger(name).log(level, "%s", text)
+            elif "queued" in message:
+                log.info("the driver is busy: this run waits for %d before it", message["queued"])
+            elif "summary" in message:
+                summary: RunSummary = message["summary"]
+                return summary
+            elif "error" in message:
+                raise message["error"]
+            else:
+                sys.stderr.write(str(message.get("crash", message)))
+                raise DriverError(
+                    "the run failed in the kept driver with an unexpected error (its traceback above)",
+                    code="driver.crashed",
+                    todo="report it with the traceback; the next run resumes from the checkpoint",
+                )
+    except KeyboardInterrupt:
+        with contextlib.suppress(OSError, ValueError):
+            conn.send({"op": "cancel"})
+        raise
+    finally:
+        conn.close()
+
+
+def driver_status(home: DriverHome) -> dict[str, Any]:
+    """The driver's process, address, master, runs served and memory (``DriverServer.status``)."""
+    return dict(_ask(home, {"op": "status"})["status"])
+
+
+def stop_driver(home: DriverHome, *, cancel: bool = False) -> None:
+    """Ask the driver to stop: it takes no more runs and exits once the run in progress has ended,
+    or at once with ``cancel`` (the run's jobs cancelled, nothing more committed)."""
+    _ask(home, {"op": "stop", "cancel": cancel})
+
+
+def _ask(home: DriverHome, request: dict[str, Any]) -> dict[str, Any]:
+    conn = _connect(home)
+    try:
+        conn.send(request)
+        answer: dict[str, Any] = conn.recv()
+        return answer
+    finally:
+        conn.close()
+
+
+def _connect(home: DriverHome) -> Connection:
+    details = home.details()
+    address = (details["host"], int(details["port"]))
+    try:
+        return Client(address, authkey=details["key"])
+    except (OSError, EOFError, AuthenticationError) as exc:  # refused, reset, or a key not the driver's
+        raise DriverError(
+            f"the Replay driver of {home.path} (process {details.get('pid')}) does not answer at "
+            f"{address[0]}:{address[1]} ({type(exc).__name__}: {exc})",
+            where=Location(file=str(home.record)),
+            code="driver.unreachable",
+            todo=f"start it again with 'replay driver serve --dir {home.path}', or run without a driver",
+        ) from exc
+
+
+def _absolute(config: JobConfig) -> JobConfig:
+    """``config`` with its relative local paths made absolute against this working directory."""
+    changes = {}
+    for name in ("archive", "output", "checkpoint"):
+        value = getattr(config, name)
+        if value and local_path(value) == value and not Path(value).is_absolute():
+            changes[name] = str(Path(value).absolute())
+    return config.with_overrides(**changes) if changes else config

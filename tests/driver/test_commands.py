@@ -1,0 +1,115 @@
+"""``replay driver serve|status|stop`` and ``replay run --driver`` as users run them: each command a
+process of its own, the driver with its own JVM (in the background: ``tests/_background.py``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from replay.generate import generate_archive
+from replay.generate_options import GenerateOptions
+from replay.store.digest import digest
+from tests import _background
+
+pytestmark = pytest.mark.spark
+
+REPLAY = [sys.executable, "-m", "replay"]
+
+
+@dataclass
+class Session:
+    work: Path
+    runs: list[subprocess.CompletedProcess[str]]
+    second_serve: subprocess.CompletedProcess[str]
+    status: subprocess.CompletedProcess[str]
+    stop: subprocess.CompletedProcess[str]
+    serve_code: int | None
+    serve_log: str
+    record_left: bool
+
+
+def _command(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*REPLAY, *args], capture_output=True, text=True, check=False, env=env, timeout=600)
+
+
+@_background.register("kept-driver")
+def _session() -> Session:
+    work = Path(tempfile.mkdtemp(prefix="replay-driver-test-"))
+    generate_archive(work / "archive", GenerateOptions(origins=2, tuples=400, buffer_tuples=50, seed=5, files=2))
+    windows = [{"name": "w", "size": "200ms", "aggregations": [{"fn": "count"}, {"fn": "sum", "column": "value"}]}]
+    job = {"archive": "archive", "output": "out1", "windows": windows, "micro_batch": {"max_buffers": 3}}
+    (work / "job.yaml").write_text(yaml.safe_dump(job))
+    home = work / "home"
+    log = (work / "serve.log").open("w")
+    elsewhere = work / "driver-cwd"  # the driver's working directory is not the client's
+    elsewhere.mkdir()
+    serve = subprocess.Popen(
+        [*REPLAY, "driver", "serve", "--dir", str(home), "--master", "local[1]"], stderr=log, stdout=log, cwd=elsewhere
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not (home / "driver.json").exists() and serve.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        first = subprocess.run(
+            [*REPLAY, "run", "-c", "job.yaml", "--driver", str(home)], capture_output=True, text=True, cwd=work
+        )
+        second = subprocess.run(
+            [*REPLAY, "run", "-c", "job.yaml", "--output", "out2"],
+            capture_output=True,
+            text=True,
+            cwd=work,
+            env=os.environ | {"REPLAY_DRIVER": str(home)},
+        )
+        second_serve = _command("driver", "serve", "--dir", str(home))
+        status = _command("driver", "status", "--dir", str(home), "--json")
+        stop = _command("driver", "stop", "--dir", str(home))
+        try:
+            code: int | None = serve.wait(120)
+        except subprocess.TimeoutExpired:
+            code = None
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+        log.close()
+    return Session(
+        work,
+        [first, second],
+        second_serve,
+        status,
+        stop,
+        code,
+        (work / "serve.log").read_text(),
+        (home / "driver.json").exists(),
+    )
+
+
+@pytest.mark.background("kept-driver")
+def test_runs_sent_to_a_driver_started_from_the_command_line() -> None:
+    done: Session = _background.result("kept-driver")
+    try:
+        for result in done.runs:
+            assert result.returncode == 0, (result.stderr[-3000:], done.serve_log[-3000:])
+            assert "replayed 8 buffers" in result.stdout and "micro-batch" in result.stdout
+        assert (done.work / "out1" / "data").is_dir()  # the client's relative paths, not the driver's
+        assert not (done.work / "driver-cwd" / "out1").exists()
+        assert digest(done.work / "out1") == digest(done.work / "out2")
+        assert done.second_serve.returncode == 2 and "[driver.running]" in done.second_serve.stderr
+        assert done.status.returncode == 0, done.status.stderr
+        status = json.loads(done.status.stdout)
+        assert (status["runs"], status["failed"], status["master"]) == (2, 0, "local[1]")
+        assert done.stop.returncode == 0, done.stop.stderr
+        assert done.serve_code == 0, done.serve_log[-3000:]
+        assert not done.record_left
+        assert done.serve_log.count(": done in ") == 2
+    finally:
+        shutil.rmtree(done.work, ignore_errors=True)

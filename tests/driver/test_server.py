@@ -1,0 +1,197 @@
+"""The kept driver in this test session's process, on its SparkSession: a run sent to it gives what
+the same run gives in process (digests, summary, events), errors cross whole, runs queue, a client
+that goes away cancels its run and the next run resumes from the checkpoint, and a wrong key is
+refused. ``test_commands.py`` starts one as users do, in a process of its own."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from replay.core.config import JobConfig, SparkSettings, parse_config
+from replay.core.errors import ConfigError, DriverError, ReplayError
+from replay.driver.client import driver_status, run_on_driver
+from replay.driver.home import DriverHome
+from replay.driver.server import DriverServer
+from replay.engine.spark import job_session
+from replay.generate import generate_archive
+from replay.generate_options import GenerateOptions
+from replay.runner.loop import run
+from replay.store.digest import digest
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("driver") / "archive"
+    options = GenerateOptions(origins=3, tuples=600, buffer_tuples=50, keys=4, seed=11, duplicates=2, files=3)
+    generate_archive(path, options)
+    return path
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> Iterator[DriverServer]:
+    server = DriverServer(DriverHome(tmp_path_factory.mktemp("home") / "driver"), spark)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.stop()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert not server.home.record.exists()  # withdrawn at the end
+
+
+def job(archive: Path | str, output: Path | str, **more: Any) -> JobConfig:
+    aggregations = [{"fn": "count"}, {"fn": "max", "column": "value"}]
+    settings = {
+        "archive": str(archive),
+        "output": str(output),
+        "windows": [{"name": "w", "size": "200ms", "aggregations": aggregations}],
+        "micro_batch": {"max_buffers": 4},
+    }
+    return parse_config(settings | more, source="test")
+
+
+def test_a_run_on_the_driver_equals_the_run_in_process(
+    archive: Path, tmp_path: Path, spark: Any, driver: DriverServer
+) -> None:
+    here = run(job(archive, tmp_path / "here"), spark=spark)
+    events: list[tuple[str, int, int]] = []
+    there = run_on_driver(driver.home, job(archive, tmp_path / "there"), on_event=lambda *e: events.append(e))
+    assert digest(tmp_path / "there") == digest(tmp_path / "here")
+    assert (there.batches, there.buffers, there.tuples_read, there.version) == (
+        here.batches,
+        here.buffers,
+        here.tuples_read,
+        here.version,
+    )
+    assert there.batches >= 3 and ("batch", there.batches, there.batches) in events
+    again = run_on_driver(driver.home, job(archive, tmp_path / "there"))  # resumes: nothing new
+    assert (again.batches, again.new_version, again.version) == (0, False, there.version)
+
+
+def test_errors_cross_whole(archive: Path, tmp_path: Path, spark: Any, driver: DriverServer) -> None:
+    with pytest.raises(ReplayError) as here:
+        run(job(tmp_path / "missing", tmp_path / "a"), spark=spark)
+    with pytest.raises(ReplayError) as there:
+        run_on_driver(driver.home, job(tmp_path / "missing", tmp_path / "b"))
+    assert type(there.value) is type(here.value)
+    assert there.value.to_dict() == here.value.to_dict() | {"where": there.value.to_dict()["where"]}
+    assert there.value.file == here.value.file
+
+    with pytest.raises(ConfigError) as master:
+        run_on_driver(driver.home, job(archive, tmp_path / "c", spark={"master": "local[1]"}))
+    assert master.value.code == "driver.master" and "local[1]" in master.value.message
+    fixed = {"conf": {"spark.driver.memory": "123g"}, "master": str(spark.sparkContext.master)}
+    with pytest.raises(ConfigError) as static:
+        run_on_driver(driver.home, job(archive, tmp_path / "d", spark=fixed))
+    assert static.value.code == "driver.static_conf" and "spark.driver.memory" in static.value.message
+    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
+
+
+def test_a_job_session_has_the_job_s_settings_and_leaves_the_driver_s(spark: Any) -> None:
+    master = str(spark.sparkContext.master)
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    session = job_session(spark, SparkSettings(master=master, conf={"spark.sql.shuffle.partitions": "7"}))
+    assert session.conf.get("spark.sql.shuffle.partitions") == "7"
+    assert session.conf.get("spark.sql.session.timeZone") == "UTC"
+    assert spark.conf.get("spark.sql.shuffle.partitions") == before
+    chosen = job_session(spark, SparkSettings(master=master))  # Replay's per-core choice, as get_session's
+    assert chosen.conf.get("spark.sql.files.minPartitionNum") == str(2 * spark.sparkContext.defaultParallelism)
+
+
+def test_runs_wait_their_turn(archive: Path, tmp_path: Path, driver: DriverServer) -> None:
+    before = driver_status(driver.home)["runs"]
+    results: dict[int, Any] = {}
+
+    def send(k: int) -> None:
+        try:
+            results[k] = run_on_driver(driver.home, job(archive, tmp_path / f"out{k}"))
+        except BaseException as error:  # asserted below
+            results[k] = error
+
+    threads = [threading.Thread(target=send, args=(k,)) for k in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert all(not isinstance(r, BaseException) for r in results.values()), results
+    assert digest(tmp_path / "out0") == digest(tmp_path / "out1")
+    assert driver_status(driver.home)["runs"] == before + 2
+
+
+def test_a_client_that_goes_away_cancels_its_run_and_the_next_resumes(
+    archive: Path, tmp_path: Path, spark: Any, driver: DriverServer
+) -> None:
+    run(job(archive, tmp_path / "whole"), spark=spark)
+    before = driver_status(driver.home)
+    details = driver.home.details()
+    conn = Client((details["host"], details["port"]), authkey=details["key"])
+    conn.send({"op": "run", "job": job(archive, tmp_path / "cut"), "start": None, "end": None})
+    assert "event" in conn.recv()  # the run has started ...
+    conn.close()  # ... and its client goes away
+    driver.wait_idle(60)
+    after = driver_status(driver.home)
+    assert after["failed"] == before["failed"] + 1 and after["running"] is None
+    resumed = run_on_driver(driver.home, job(archive, tmp_path / "cut"))
+    assert resumed.version == 1
+    assert digest(tmp_path / "cut") == digest(tmp_path / "whole")
+
+
+def test_a_wrong_key_is_refused_and_the_driver_goes_on(archive: Path, tmp_path: Path, driver: DriverServer) -> None:
+    details = driver.home.details()
+    with pytest.raises(AuthenticationError):
+        Client((details["host"], details["port"]), authkey=b"not the key")
+    with pytest.raises(DriverError) as refused:  # a home whose key is not the driver's
+        driver.home.key_file.write_bytes(b"stale")
+        try:
+            driver_status(driver.home)
+        finally:
+            driver.home.key_file.write_bytes(details["key"])
+    assert refused.value.code == "driver.unreachable"
+    assert driver_status(driver.home)["pid"] == os.getpid()
+
+
+def test_no_driver_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(DriverError) as none:
+        run_on_driver(DriverHome(tmp_path / "nothing"), job(tmp_path, tmp_path / "o"))
+    assert none.value.code == "driver.unreachable" and "replay driver serve" in none.value.message
+    assert none.value.exit_code == 1  # operational: a scheduler retries it
+
+
+def test_the_airflow_operator_s_kept_driver_engine(
+    archive: Path, tmp_path: Path, spark: Any, driver: DriverServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``engine: kept_driver`` sends the planned run to the driver ``REPLAY_DRIVER`` names: the same
+    summary and output as ``in_task``; with no driver there, the task fails and is retried."""
+    pytest.importorskip("airflow")
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from replay_airflow.operators import ReplayRunOperator
+    from replay_airflow.params import ResolvedJob
+
+    def plan(output: Path, engine: str) -> dict[str, Any]:
+        resolved = ResolvedJob(config=job(archive, output), start=None, end=None, range_source="none", engine=engine)
+        return resolved.to_xcom()
+
+    monkeypatch.setenv("REPLAY_DRIVER", str(driver.home.path))
+    served = driver_status(driver.home)["runs"]
+    sent = ReplayRunOperator(task_id="replay", plan=plan(tmp_path / "sent", "kept_driver")).execute({})
+    here = ReplayRunOperator(task_id="replay", plan=plan(tmp_path / "here", "in_task")).execute({})
+    assert digest(tmp_path / "sent") == digest(tmp_path / "here")
+    assert {k: v for k, v in sent.items() if k not in ("output", "checkpoint", "seconds")} == {
+        k: v for k, v in here.items() if k not in ("output", "checkpoint", "seconds")
+    }
+    assert driver_status(driver.home)["runs"] == served + 1  # the driver ran it, not this process
+    monkeypatch.setenv("REPLAY_DRIVER", str(tmp_path / "no-driver"))
+    with pytest.raises(DriverError) as missing:  # not AirflowFailException: Airflow retries it
+        ReplayRunOperator(task_id="replay", plan=plan(tmp_path / "none", "kept_driver")).execute({})
+    assert not isinstance(missing.value, AirflowFailException) and missing.value.code == "driver.unreachable"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -195,7 +196,8 @@ def run_command(
         Path | None,
         typer.Option(
             envvar="REPLAY_DRIVER",
-            help="Run on the kept driver whose home this is ('replay driver serve'), not in this process.",
+            help="Run on the kept driver whose home this is ('replay driver serve'), not in this process "
+            "(not under spark-submit, whose session the run takes).",
         ),
     ] = None,
 ) -> None:
@@ -213,7 +215,8 @@ def run_command(
         with Steps(
             {"footers": "reading footers", "scan": "scanning buffers (Spark)", "batch": "micro-batches"}
         ) as steps:
-            if driver is not None:
+            # Under spark-submit (the Airflow engine spark_submit) the run takes spark-submit's session.
+            if driver is not None and "PYSPARK_GATEWAY_PORT" not in os.environ:
                 from replay.driver.client import run_on_driver
                 from replay.driver.home import DriverHome
 

@@ -87,6 +87,7 @@ class DriverServer:
         self._listener = Listener((host, port), authkey=self._key)
         self.address: tuple[str, int] = self._listener.address
         self._stopping = threading.Event()
+        self._cancelling = threading.Event()  # ``stop(cancel=True)``: the run in progress stops too
         self._run_lock = threading.Lock()
         self._state = threading.Lock()  # the counters below
         self._ids = itertools.count(1)
@@ -134,6 +135,7 @@ class DriverServer:
             return
         self._stopping.set()
         if cancel:
+            self._cancelling.set()
             self.session.sparkContext.cancelAllJobs()
         with contextlib.suppress(OSError, EOFError, AuthenticationError):  # wakes ``accept``
             Client(self.address, authkey=self._key).close()
@@ -224,7 +226,8 @@ class DriverServer:
 
         def on_event(step: str, done: int, total: int) -> None:
             sender.send({"event": (step, done, total)})
-            if (cancelled.is_set() or sender.broken.is_set()) and threading.current_thread() is here:
+            stopped = cancelled.is_set() or sender.broken.is_set() or self._cancelling.is_set()
+            if stopped and threading.current_thread() is here:
                 raise _Cancelled
 
         threading.Thread(target=watch, name="replay-driver-watch", daemon=True).start()
@@ -243,7 +246,10 @@ class DriverServer:
         except ReplayError as error:
             reply = {"error": error}
         except Exception:
-            if cancelled.is_set() or sender.broken.is_set():
+            if self._cancelling.is_set():
+                outcome = "cancelled (the driver is stopping)"
+                reply = {"error": _stopping_error()}
+            elif cancelled.is_set() or sender.broken.is_set():
                 outcome = "cancelled (its client went away)"
             else:
                 reply = {"crash": traceback.format_exc()}

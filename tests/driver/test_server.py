@@ -146,6 +146,31 @@ def test_a_client_that_goes_away_cancels_its_run_and_the_next_resumes(
     assert digest(tmp_path / "cut") == digest(tmp_path / "whole")
 
 
+def test_a_driver_stopped_with_cancel_stops_its_run_and_the_next_resumes(
+    archive: Path, tmp_path: Path, spark: Any, driver: DriverServer
+) -> None:
+    run(job(archive, tmp_path / "whole"), spark=spark)
+    other = DriverServer(DriverHome(tmp_path / "home"), spark)
+    serving = threading.Thread(target=other.serve_forever, daemon=True)
+    serving.start()
+    asked = threading.Event()
+
+    def first_event(step: str, done: int, total: int) -> None:  # the run has started: stop the driver
+        if not asked.is_set():
+            asked.set()
+            other.stop(cancel=True)
+
+    with pytest.raises(DriverError) as stopped:
+        run_on_driver(other.home, job(archive, tmp_path / "cut"), on_event=first_event)
+    assert stopped.value.code == "driver.stopping"
+    serving.join(30)
+    assert not serving.is_alive() and not other.home.record.exists()
+    assert other.status()["failed"] == 1
+    resumed = run_on_driver(driver.home, job(archive, tmp_path / "cut"))
+    assert resumed.version == 1
+    assert digest(tmp_path / "cut") == digest(tmp_path / "whole")
+
+
 def test_a_wrong_key_is_refused_and_the_driver_goes_on(archive: Path, tmp_path: Path, driver: DriverServer) -> None:
     details = driver.home.details()
     with pytest.raises(AuthenticationError):
@@ -195,3 +220,34 @@ def test_the_airflow_operator_s_kept_driver_engine(
     with pytest.raises(DriverError) as missing:  # not AirflowFailException: Airflow retries it
         ReplayRunOperator(task_id="replay", plan=plan(tmp_path / "none", "kept_driver")).execute({})
     assert not isinstance(missing.value, AirflowFailException) and missing.value.code == "driver.unreachable"
+
+
+def test_the_command_sends_the_run_to_the_driver_except_under_spark_submit(
+    archive: Path, tmp_path: Path, spark: Any, driver: DriverServer
+) -> None:
+    """``replay run --driver`` (or ``REPLAY_DRIVER``) runs on the driver; under spark-submit (a
+    Python process spark-submit started: ``PYSPARK_GATEWAY_PORT``) the run takes that session, so a
+    worker's ``REPLAY_DRIVER`` does not turn the Airflow engine spark_submit into kept_driver."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from replay.cli import app
+
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job(archive, tmp_path / "out").model_dump(mode="json")))
+    served = driver_status(driver.home)["runs"]
+    sent = CliRunner().invoke(
+        app, ["run", "-c", str(tmp_path / "job.yaml")], env={"REPLAY_DRIVER": str(driver.home.path)}
+    )
+    assert sent.exit_code == 0, sent.output
+    assert driver_status(driver.home)["runs"] == served + 1
+    nowhere = {"REPLAY_DRIVER": str(tmp_path / "no-driver")}
+    refused = CliRunner().invoke(app, ["run", "-c", str(tmp_path / "job.yaml")], env=nowhere)
+    assert refused.exit_code == 1 and "[driver.unreachable]" in refused.output
+    submitted = CliRunner().invoke(
+        app,
+        ["run", "-c", str(tmp_path / "job.yaml"), "--output", str(tmp_path / "o2")],
+        env=nowhere | {"PYSPARK_GATEWAY_PORT": "1"},
+    )
+    assert submitted.exit_code == 0, submitted.output  # in this process, on its (active) session
+    assert driver_status(driver.home)["runs"] == served + 1
+    assert digest(tmp_path / "o2") == digest(tmp_path / "out")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,6 +18,7 @@ import typer
 
 from replay.console import (
     Steps,
+    failure,
     print_generated,
     print_inspection,
     print_publication,
@@ -56,11 +56,6 @@ def _main(
     ] = False,
 ) -> None:
     """Replay archived stream buffers through PySpark: progress, watermarks and windows."""
-
-
-def _fail(error: ReplayError) -> typer.Exit:
-    typer.echo(f"replay: error: {error.message}", err=True)
-    return typer.Exit(error.exit_code)
 
 
 def _load(config: Path | None, archive: str | None) -> Any:
@@ -147,7 +142,7 @@ def inspect(
         ) as steps:
             report = inspect_archive(job, on_step=steps)
     except ReplayError as error:
-        raise _fail(error) from error
+        raise failure(error) from error
     data = report.to_dict()
     if as_json:
         typer.echo(json.dumps(data, indent=2))
@@ -216,7 +211,9 @@ def run_command(
             {"footers": "reading footers", "scan": "scanning buffers (Spark)", "batch": "micro-batches"}
         ) as steps:
             # Under spark-submit (the Airflow engine spark_submit) the run takes spark-submit's session.
-            if driver is not None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+            from replay.engine.spark import under_spark_submit
+
+            if driver is not None and not under_spark_submit():
                 from replay.driver.client import run_on_driver
                 from replay.driver.home import DriverHome
 
@@ -227,9 +224,9 @@ def run_command(
                 summary = run(job, start=range_start, end=range_end, on_event=steps)
     except ReplayError as error:
         if summary_file is not None:
-            failure = error.to_dict() | {"message": error.message, "kind": type(error).__name__}
-            write_json_atomic(summary_file, {"error": failure})
-        raise _fail(error) from error
+            record = error.to_dict() | {"message": error.message, "kind": type(error).__name__}
+            write_json_atomic(summary_file, {"error": record})
+        raise failure(error) from error
     data = summary.to_dict()
     if summary_file is not None:
         write_json_atomic(summary_file, {"summary": data})
@@ -250,7 +247,7 @@ def status(
     try:
         data = checkpoint_status(checkpoint)
     except ReplayError as error:
-        raise _fail(error) from error
+        raise failure(error) from error
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
@@ -268,7 +265,7 @@ def digest(
     try:
         digests = digest_output(output, version)
     except ReplayError as error:
-        raise _fail(error) from error
+        raise failure(error) from error
     for table, value in digests.items():
         typer.echo(f"{table} {value}")
 
@@ -286,7 +283,7 @@ def show(
     try:
         lines = show_lines(output, table, fmt=fmt, version=version)
     except ReplayError as error:
-        raise _fail(error) from error
+        raise failure(error) from error
     for line in lines:
         typer.echo(line)
 
@@ -306,7 +303,7 @@ def validate(
         with Steps({}) as steps:
             outcome = run_validation(output, version, suites=suite, on_step=steps)
     except ReplayError as error:
-        raise _fail(error) from error
+        raise failure(error) from error
     print_validation(output, outcome)
     if not outcome.success:
         raise typer.Exit(1)
@@ -326,7 +323,7 @@ def publish(
     try:
         outcome = publish_version(output, version, retain_versions=retain)
     except ReplayError as error:
-        raise _fail(error) from error
+        raise failure(error) from error
     print_publication(outcome)
 
 
@@ -345,7 +342,7 @@ def report(
     try:
         path = write_report(output, checkpoint, to, version=version)
     except ReplayError as error:
-        raise _fail(error) from error
+        raise failure(error) from error
     typer.echo(str(path))
 
 
@@ -377,7 +374,7 @@ def jvm_archive(
             return
         created = archives.create(target, [sys.executable, "-m", "replay", "jvm-archive", "--record-into"])
     except ReplayError as error:
-        raise _fail(error) from error
+        raise failure(error) from error
     typer.echo(str(created.path))
     typer.echo(f"{created.size / 2**20:.0f} MiB, made in {created.seconds:.0f} s", err=True)
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 if TYPE_CHECKING:
+    from replay.core.errors import ReplayError
     from replay.generate_options import GenerateSummary
     from replay.quality.validate import ValidationOutcome
     from replay.runner.summary import RunSummary
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Steps",
+    "failure",
     "print_generated",
     "print_inspection",
     "print_publication",
@@ -30,6 +32,12 @@ __all__ = [
 ]
 
 log = logging.getLogger("replay")
+
+
+def failure(error: ReplayError) -> typer.Exit:
+    """Print a Replay error's message on stderr and give the exit that ends the command with its code."""
+    typer.echo(f"replay: error: {error.message}", err=True)
+    return typer.Exit(error.exit_code)
 
 
 class Steps:

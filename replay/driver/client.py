@@ -104,6 +104,8 @@ def _ask(home: DriverHome, request: dict[str, Any]) -> dict[str, Any]:
         conn.send(request)
         answer: dict[str, Any] = conn.recv()
         return answer
+    except (EOFError, OSError) as exc:  # it ended between the handshake and its answer
+        raise _unreachable(home, exc) from exc
     finally:
         conn.close()
 
@@ -114,20 +116,27 @@ def _connect(home: DriverHome) -> Connection:
     try:
         return Client(address, authkey=details["key"])
     except (OSError, EOFError, AuthenticationError) as exc:  # refused, reset, or a key not the driver's
-        raise DriverError(
-            f"the Replay driver of {home.path} (process {details.get('pid')}) does not answer at "
-            f"{address[0]}:{address[1]} ({type(exc).__name__}: {exc})",
-            where=Location(file=str(home.record)),
-            code="driver.unreachable",
-            todo=f"start it again with 'replay driver serve --dir {home.path}', or run without a driver",
-        ) from exc
+        raise _unreachable(home, exc, details) from exc
+
+
+def _unreachable(home: DriverHome, exc: BaseException, details: dict[str, Any] | None = None) -> DriverError:
+    details = details if details is not None else home.details()
+    return DriverError(
+        f"the Replay driver of {home.path} (process {details.get('pid')}) does not answer at "
+        f"{details['host']}:{details['port']} ({type(exc).__name__}: {exc})",
+        where=Location(file=str(home.record)),
+        code="driver.unreachable",
+        todo=f"start it again with 'replay driver serve --dir {home.path}', or run without a driver",
+    )
 
 
 def _absolute(config: JobConfig) -> JobConfig:
-    """``config`` with its relative local paths made absolute against this working directory."""
+    """``config`` with its relative local paths (plain, or a ``file:`` URI such as ``file:out``) made
+    absolute against this working directory."""
     changes = {}
     for name in ("archive", "output", "checkpoint"):
         value = getattr(config, name)
-        if value and local_path(value) == value and not Path(value).is_absolute():
-            changes[name] = str(Path(value).absolute())
+        path = local_path(value) if value else None
+        if path and not Path(path).is_absolute():
+            changes[name] = str(Path(path).absolute())
     return config.with_overrides(**changes) if changes else config

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from replay.console import failure
 from replay.core.errors import ConfigError, DriverError, Location, ReplayError
 from replay.driver.home import DriverHome, default_home
 
@@ -33,11 +34,6 @@ log = logging.getLogger("replay.driver")
 
 def _home(directory: Path | None) -> DriverHome:
     return DriverHome(directory or default_home())
-
-
-def _fail(error: ReplayError) -> typer.Exit:
-    typer.echo(f"replay: error: {error.message}", err=True)
-    return typer.Exit(error.exit_code)
 
 
 @driver_app.command()
@@ -73,7 +69,7 @@ def serve(
         session = get_session(settings, app_name="replay-driver")
         server = DriverServer(home, session, host=host, port=port)
     except ReplayError as error:
-        raise _fail(error) from error
+        raise failure(error) from error
 
     def stop(signum: int, frame: object) -> None:  # in a thread: ``stop`` talks to the accepting thread
         threading.Thread(target=server.stop, kwargs={"cancel": True}, daemon=True).start()
@@ -99,7 +95,7 @@ def status(
     try:
         found = driver_status(_home(directory))
     except ReplayError as error:
-        raise _fail(error) from error
+        raise failure(error) from error
     if as_json:
         typer.echo(json.dumps(found, indent=2))
         return
@@ -120,7 +116,7 @@ def stop(
     try:
         stop_driver(_home(directory), cancel=cancel)
     except ReplayError as error:
-        raise _fail(error) from error
+        raise failure(error) from error
     typer.echo("the driver is stopping")
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "job_session",
     "planned_master",
     "python_worker_conf",
+    "under_spark_submit",
     "with_job_conf",
 ]
 
@@ -70,6 +71,12 @@ if hasattr(socket, "AF_UNIX"):
     # takes about 25 ms off every Python task here (a task of a trivial ``mapInArrow`` job: 60 ms
     # of run time over TCP; docs/performance.md). PySpark refuses it where Python has none.
     _DEFAULTS["spark.python.unix.domain.socket.enabled"] = "true"
+
+
+def under_spark_submit() -> bool:
+    """Whether this process was started by spark-submit, which starts the JVM first and hands Python
+    its gateway: the session, its master and its driver options are then spark-submit's."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
 def check_java() -> None:
@@ -164,7 +171,7 @@ def get_session(settings: SparkSettings | None = None, *, app_name: str = "repla
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    submitted = under_spark_submit()
     if not submitted:
         check_java()
     driver_arrow_memory()
@@ -277,7 +284,7 @@ def planned_master(settings: SparkSettings | None = None) -> str | None:
     active = SparkSession.getActiveSession()
     if active is not None:
         return str(active.sparkContext.master)
-    if "PYSPARK_GATEWAY_PORT" in os.environ:
+    if under_spark_submit():
         return None
     return settings.master if settings is not None else _DEFAULT_MASTER
 

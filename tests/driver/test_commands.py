@@ -38,8 +38,11 @@ class Session:
     record_left: bool
 
 
-def _command(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*REPLAY, *args], capture_output=True, text=True, check=False, env=env, timeout=600)
+def _command(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """One ``replay`` command; a hang fails here, long before the background job's own limit."""
+    return subprocess.run([*REPLAY, *args], capture_output=True, text=True, check=False, cwd=cwd, env=env, timeout=600)
 
 
 @_background.register("kept-driver")
@@ -60,15 +63,9 @@ def _session() -> Session:
         deadline = time.monotonic() + 300
         while not (home / "driver.json").exists() and serve.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
-        first = subprocess.run(
-            [*REPLAY, "run", "-c", "job.yaml", "--driver", str(home)], capture_output=True, text=True, cwd=work
-        )
-        second = subprocess.run(
-            [*REPLAY, "run", "-c", "job.yaml", "--output", "out2"],
-            capture_output=True,
-            text=True,
-            cwd=work,
-            env=os.environ | {"REPLAY_DRIVER": str(home)},
+        first = _command("run", "-c", "job.yaml", "--driver", str(home), cwd=work)
+        second = _command(
+            "run", "-c", "job.yaml", "--output", "out2", cwd=work, env=os.environ | {"REPLAY_DRIVER": str(home)}
         )
         second_serve = _command("driver", "serve", "--dir", str(home))
         status = _command("driver", "status", "--dir", str(home), "--json")

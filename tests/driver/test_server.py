@@ -9,7 +9,7 @@ import os
 import threading
 from collections.abc import Iterator
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client
+from multiprocessing.connection import Client, Listener
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ import pytest
 
 from replay.core.config import JobConfig, SparkSettings, parse_config
 from replay.core.errors import ConfigError, DriverError, ReplayError
-from replay.driver.client import driver_status, run_on_driver
+from replay.driver.client import _absolute, driver_status, run_on_driver
 from replay.driver.home import DriverHome
 from replay.driver.server import DriverServer
 from replay.engine.spark import job_session
@@ -184,6 +184,32 @@ def test_a_wrong_key_is_refused_and_the_driver_goes_on(archive: Path, tmp_path: 
             driver.home.key_file.write_bytes(details["key"])
     assert refused.value.code == "driver.unreachable"
     assert driver_status(driver.home)["pid"] == os.getpid()
+
+
+def test_a_driver_that_ends_before_it_answers_is_unreachable(tmp_path: Path) -> None:
+    """The handshake passes, then the process goes (killed, or stopping) before its answer."""
+    home = DriverHome(tmp_path / "home")
+    with Listener(("127.0.0.1", 0), authkey=home.new_key()) as listener:
+        home.publish({"pid": os.getpid(), "host": "127.0.0.1", "port": listener.address[1]})
+
+        def answer_nothing() -> None:
+            listener.accept().close()
+
+        thread = threading.Thread(target=answer_nothing, daemon=True)
+        thread.start()
+        with pytest.raises(DriverError) as gone:
+            driver_status(home)
+        thread.join(30)
+    assert gone.value.code == "driver.unreachable" and "EOFError" in gone.value.message
+
+
+def test_relative_paths_are_resolved_by_the_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    given = job("archive", "file:out", checkpoint="s3a://bucket/ckpt")
+    sent = _absolute(given)
+    assert (sent.archive, sent.output) == (str(tmp_path / "archive"), str(tmp_path / "out"))
+    assert sent.checkpoint == "s3a://bucket/ckpt"  # not a local path: as given
+    assert _absolute(job(tmp_path / "a", "file:///abs/out")).output == "file:///abs/out"
 
 
 def test_no_driver_is_a_clear_error(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@
 #   ./dev.sh cluster         run a Spark standalone master and one worker on 127.0.0.1 (Ctrl-C stops both)
 #   ./dev.sh airflow         run Airflow as teams do, on 127.0.0.1: a throwaway Postgres metadata database,
 #                            the api-server (UI and the "Replays" page, behind Airflow's login), scheduler
-#                            (LocalExecutor), dag-processor and triggerer on dags/ and plugins/ (Ctrl-C stops all)
+#                            (LocalExecutor), dag-processor and triggerer on dags/ and plugins/, and the kept
+#                            driver of the DAGs' engine kept_driver (Ctrl-C stops all)
 # Needs Python 3.11 and Java 17 on the machine (and Postgres's server for 'airflow': Debian's
 # 'postgresql' package); everything else is installed into .venv from uv.lock (uv itself is
 # bootstrapped into .tools/).
@@ -144,8 +145,10 @@ case "$cmd" in
         # directory on a free port of 127.0.0.1, as the 'postgres' system user (or 'nobody') when run
         # as root; 'airflow db migrate' creates the metadata database in it. Then the api-server, the
         # scheduler (LocalExecutor), the dag-processor and the triggerer run with dags/ and plugins/,
-        # sharing one JWT secret. Airflow's SimpleAuthManager has one user, admin, with a password made
-        # up at start (printed). Settings: AIRFLOW__API__PORT (default 8088), AIRFLOW__REPLAY__ROOT
+        # sharing one JWT secret, and a kept driver ('replay driver serve', home <dir>/driver, which the
+        # services' REPLAY_DRIVER names) for the DAGs' engine kept_driver. Airflow's SimpleAuthManager has
+        # one user, admin, with a password made up at start (printed). Settings: REPLAY_DRIVER_MASTER (the
+        # kept driver's Spark master, default local[*]), AIRFLOW__API__PORT (default 8088), AIRFLOW__REPLAY__ROOT
         # (default data/), AIRFLOW_STACK_DIR (AIRFLOW_HOME, logs, env.sh; default a temporary
         # directory, removed at the end), AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT (default 30 s,
         # not Airflow's 5: the api-server shares this machine's cores with Spark). 'source
@@ -268,9 +271,10 @@ case "$cmd" in
             AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT="$(free_port)" \
             AIRFLOW__REPLAY__ROOT="${AIRFLOW__REPLAY__ROOT:-$PWD/data}" \
             AIRFLOW_CONN_SPARK_MASTER="${AIRFLOW_CONN_SPARK_MASTER:-spark://127.0.0.1:7077}" \
-            PYTHONPATH="$PWD/plugins${PYTHONPATH:+:$PYTHONPATH}"
-        # For another shell's airflow CLI (airflow dags list, airflow backfill create ...).
-        (umask 077 && env | grep -E '^(AIRFLOW_HOME|AIRFLOW__[A-Z_]+|AIRFLOW_CONN_[A-Z_]+|PYTHONPATH)=' | sort |
+            PYTHONPATH="$PWD/plugins${PYTHONPATH:+:$PYTHONPATH}" \
+            REPLAY_DRIVER="$stack_dir/driver"
+        # For another shell's airflow CLI (airflow dags list, airflow backfill create ...) and replay CLI.
+        (umask 077 && env | grep -E '^(AIRFLOW_HOME|AIRFLOW__[A-Z_]+|AIRFLOW_CONN_[A-Z_]+|PYTHONPATH|REPLAY_DRIVER)=' | sort |
             while IFS='=' read -r key value; do printf 'export %s=%q\n' "$key" "$value"; done >"$stack_dir/env.sh")
 
         echo "dev.sh: airflow db migrate (log in $logs/migrate.log)" >&2
@@ -281,6 +285,12 @@ case "$cmd" in
             pids+=($!)
             names+=("$service")
         done
+        # The kept driver: one warm Spark driver the tasks of engine kept_driver send their runs to.
+        .venv/bin/replay driver serve --dir "$REPLAY_DRIVER" --master "${REPLAY_DRIVER_MASTER:-local[*]}" \
+            >"$logs/replay-driver.log" 2>&1 &
+        driver_pid=$!
+        pids+=("$driver_pid")
+        names+=(replay-driver)
         # Up when the api-server answers and reports a heartbeat from each of the other three, and its
         # execution API (the tasks' calls) has answered once: the api-server builds that API at its first
         # request, which took 5.5 to 7 s on 2 cores, 10 s under load, longer than Airflow's
@@ -297,7 +307,7 @@ sys.exit(0 if json.load(urllib.request.urlopen(sys.argv[2], timeout=120))["statu
 PYEOF
         do
             for i in "${!pids[@]}"; do
-                kill -0 "${pids[$i]}" 2>/dev/null || failed "airflow ${names[$i]}" "$logs/${names[$i]}.log"
+                kill -0 "${pids[$i]}" 2>/dev/null || failed "${names[$i]}" "$logs/${names[$i]}.log"
             done
             if [ "$SECONDS" -ge "$deadline" ]; then
                 echo "dev.sh: Airflow not healthy after ${AIRFLOW_STACK_TIMEOUT:-180} s ($health):" >&2
@@ -310,8 +320,14 @@ PYEOF
             fi
             sleep 1
         done
+        # Up when it answers on its home (it starts its JVM beside Airflow's services, and is up first as a rule).
+        until .venv/bin/replay driver status --dir "$REPLAY_DRIVER" >/dev/null 2>&1; do
+            kill -0 "$driver_pid" 2>/dev/null || failed replay-driver "$logs/replay-driver.log"
+            [ "$SECONDS" -lt "$deadline" ] || failed "replay-driver (not answering)" "$logs/replay-driver.log"
+            sleep 1
+        done
         echo "dev.sh: Airflow is up: UI http://127.0.0.1:$port (the Replays page: http://127.0.0.1:$port/replay/)" >&2
-        echo "dev.sh: user admin, password $admin_password" >&2
+        echo "dev.sh: user admin, password $admin_password; the kept driver's home: $REPLAY_DRIVER" >&2
         echo "dev.sh: metadata database $db; AIRFLOW_HOME and logs in $stack_dir; 'source $stack_dir/env.sh'" \
             "points the airflow CLI at this stack; Ctrl-C stops it" >&2
         # Whichever service stops first, the others (and Postgres) are stopped with it.
@@ -321,7 +337,7 @@ PYEOF
         set -e
         for i in "${!pids[@]}"; do
             if ! kill -0 "${pids[$i]}" 2>/dev/null; then
-                echo "dev.sh: airflow ${names[$i]} exited ($code); the end of its log:" >&2
+                echo "dev.sh: ${names[$i]} exited ($code); the end of its log:" >&2
                 tail -n 40 "$logs/${names[$i]}.log" >&2 || true
             fi
         done

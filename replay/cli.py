@@ -295,13 +295,25 @@ def validate(
     suite: Annotated[
         list[str] | None, typer.Option("--suite", help="Run only this suite (repeatable); the verdict needs all.")
     ] = None,
+    driver: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="REPLAY_DRIVER", help="Validate on the kept driver whose home this is, not in this process."
+        ),
+    ] = None,
 ) -> None:
     """Run the Great Expectations suites on a version, write Data Docs; exit 1 when an expectation fails."""
-    from replay.quality.validate import validate as run_validation
-
     try:
         with Steps({}) as steps:
-            outcome = run_validation(output, version, suites=suite, on_step=steps)
+            if driver is not None:
+                from replay.driver.client import validate_on_driver
+                from replay.driver.home import DriverHome
+
+                outcome = validate_on_driver(DriverHome(driver), output, version, suites=suite, on_step=steps)
+            else:
+                from replay.quality.validate import validate as run_validation
+
+                outcome = run_validation(output, version, suites=suite, on_step=steps)
     except ReplayError as error:
         raise failure(error) from error
     print_validation(output, outcome)

@@ -2,15 +2,16 @@
 ``in_task`` calls ``replay.run`` in the task, ``kept_driver`` sends it to a kept driver
 (``replay driver serve``), ``submitted`` hands ``python -m replay run`` to spark-submit. Each
 returns the run's summary as a dict; the operator turns Replay's input and configuration errors
-into failures without retries (``task_errors``). Imports of ``replay`` stay inside the functions:
-DAG files stay cheap to parse."""
+into failures without retries (``task_errors``). Under ``kept_driver`` the validation goes to the
+driver too (``validate_on_kept_driver``, for ``ReplayValidateOperator``). Imports of ``replay``
+stay inside the functions: DAG files stay cheap to parse."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-__all__ = ["Progress", "in_task", "on_kept_driver", "submitted"]
+__all__ = ["Progress", "in_task", "on_kept_driver", "submitted", "validate_on_kept_driver"]
 
 
 class Progress:
@@ -47,6 +48,17 @@ def on_kept_driver(job: Any, log: Any) -> dict[str, Any]:
     home = DriverHome(default_home())
     log.info("sending the run to the kept driver of %s", home.path)
     return run_on_driver(home, job.config, start=job.start, end=job.end, on_event=Progress(log)).to_dict()
+
+
+def validate_on_kept_driver(output: str, version: int, suites: Any, log: Any) -> Any:
+    """``replay.validate`` sent to the same kept driver as ``on_kept_driver``'s runs: a DAG run of
+    engine ``kept_driver`` starts no Spark driver of its own for its validation either."""
+    from replay.driver.client import validate_on_driver
+    from replay.driver.home import DriverHome, default_home
+
+    home = DriverHome(default_home())
+    log.info("sending the validation to the kept driver of %s", home.path)
+    return validate_on_driver(home, output, version, suites=suites, on_step=Progress(log))
 
 
 def submitted(job: Any, context: Any, conn_id: str, log: Any) -> dict[str, Any]:

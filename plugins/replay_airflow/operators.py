@@ -266,7 +266,8 @@ class ReplayValidateOperator(_OutputOperator):
 
     Fails (without retries) when an expectation fails, naming each. A version that already carries
     a passing verdict is not validated again unless ``revalidate`` is set, so re-running a DAG
-    changes nothing.
+    changes nothing. Under the DAG param ``engine: kept_driver`` the validation, like the run, goes
+    to the kept driver.
 
     :param output_dir: output directory, relative to the output root (templated)
     :param version: the version (templated); default: the source's, else the newest run's
@@ -315,7 +316,12 @@ class ReplayValidateOperator(_OutputOperator):
                     "version %d of %s already passed validation at %s", version, output, record["validated_at"]
                 )
                 return {"output": output, "version": version, "success": True, "revalidated": False}
-            outcome = validate(output, version, suites=self.suites, on_step=Progress(self.log))
+            if (context.get("params") or {}).get("engine") == "kept_driver":
+                from replay_airflow.engines import validate_on_kept_driver
+
+                outcome = validate_on_kept_driver(output, version, self.suites, self.log)
+            else:
+                outcome = validate(output, version, suites=self.suites, on_step=Progress(self.log))
         self.log.info("Data Docs: %s", outcome.data_docs)
         from replay_airflow.records import record_task
 

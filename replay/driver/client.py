@@ -1,5 +1,5 @@
-"""What a command calls to use a kept driver: send it a run (``run_on_driver``), ask how it is
-(``driver_status``), stop it (``stop_driver``)."""
+"""What a command calls to use a kept driver: send it a run (``run_on_driver``) or a validation
+(``validate_on_driver``), ask how it is (``driver_status``), stop it (``stop_driver``)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,13 @@ from replay.core.paths import local_path
 from replay.driver.home import DriverHome
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from replay.core.config import JobConfig
+    from replay.quality.validate import ValidationOutcome
     from replay.runner.summary import RunSummary
 
-__all__ = ["driver_status", "run_on_driver", "stop_driver"]
+__all__ = ["driver_status", "run_on_driver", "stop_driver", "validate_on_driver"]
 
 log = logging.getLogger("replay.driver")
 
@@ -45,15 +48,46 @@ def run_on_driver(
             ``driver.static_conf``).
         ReplayError: what the run raised, as in process.
     """
+    summary: RunSummary = _exchange(
+        home, {"op": "run", "job": _absolute(config), "start": start, "end": end}, on_event, "run"
+    )
+    return summary
+
+
+def validate_on_driver(
+    home: DriverHome,
+    output: str | Path,
+    version: int | None = None,
+    *,
+    suites: Sequence[str] | None = None,
+    on_step: Callable[[str, int, int], None] | None = None,
+) -> ValidationOutcome:
+    """``replay.validate(output, version, suites=)`` on the kept driver of ``home``: the same verdict,
+    record and Data Docs, the same errors (``run_on_driver``'s ``DriverError`` and ``ReplayError``).
+    A relative local ``output`` is this process's."""
+    request = {
+        "op": "validate",
+        "output": _here(str(output)),
+        "version": version,
+        "suites": list(suites) if suites else suites,
+    }
+    outcome: ValidationOutcome = _exchange(home, request, on_step, "validation")
+    return outcome
+
+
+def _exchange(
+    home: DriverHome, request: dict[str, Any], on_event: Callable[[str, int, int], None] | None, what: str
+) -> Any:
+    """Send ``request``, relay its events and log records while it goes, return its summary or raise its error."""
     conn = _connect(home)
     try:
-        conn.send({"op": "run", "job": _absolute(config), "start": start, "end": end})
+        conn.send(request)
         while True:
             try:
                 message = conn.recv()
             except (EOFError, OSError) as exc:
                 raise DriverError(
-                    f"the kept driver at {home.path} ended during the run ({type(exc).__name__})",
+                    f"the kept driver at {home.path} ended during the {what} ({type(exc).__name__})",
                     code="driver.lost",
                     where=Location(file=str(home.record)),
                     todo="look at the driver's log; nothing of the batch in progress was committed, and "
@@ -66,16 +100,15 @@ def run_on_driver(
                 level, name, text = message["log"]
                 logging.getLogger(name).log(level, "%s", text)
             elif "queued" in message:
-                log.info("the driver is busy: this run waits for %d before it", message["queued"])
+                log.info("the driver is busy: this %s waits for %d before it", what, message["queued"])
             elif "summary" in message:
-                summary: RunSummary = message["summary"]
-                return summary
+                return message["summary"]
             elif "error" in message:
                 raise message["error"]
             else:
                 sys.stderr.write(str(message.get("crash", message)))
                 raise DriverError(
-                    "the run failed in the kept driver with an unexpected error (its traceback above)",
+                    f"the {what} failed in the kept driver with an unexpected error (its traceback above)",
                     code="driver.crashed",
                     todo="report it with the traceback; the next run resumes from the checkpoint",
                 )
@@ -131,12 +164,17 @@ def _unreachable(home: DriverHome, exc: BaseException, details: dict[str, Any] |
 
 
 def _absolute(config: JobConfig) -> JobConfig:
-    """``config`` with its relative local paths (plain, or a ``file:`` URI such as ``file:out``) made
-    absolute against this working directory."""
+    """``config`` with its archive, output and checkpoint as this process means them (``_here``)."""
     changes = {}
     for name in ("archive", "output", "checkpoint"):
         value = getattr(config, name)
-        path = local_path(value) if value else None
-        if path and not Path(path).is_absolute():
-            changes[name] = str(Path(path).absolute())
+        if value and _here(value) != value:
+            changes[name] = _here(value)
     return config.with_overrides(**changes) if changes else config
+
+
+def _here(value: str) -> str:
+    """``value`` as this process means it: a relative local path (plain, or a ``file:`` URI such as
+    ``file:out``) made absolute against this working directory; anything else as it is."""
+    path = local_path(value)
+    return str(Path(path).absolute()) if path and not Path(path).is_absolute() else value

@@ -177,7 +177,7 @@ class DriverServer:
             elif op == "stop":
                 conn.send({"stopping": True})
                 self.stop(cancel=bool(request.get("cancel")))
-            elif op == "run":
+            elif op in ("run", "validate"):
                 self._queue(conn, request)
             else:
                 conn.send({"crash": f"the driver does not know the request {op!r}"})
@@ -207,10 +207,31 @@ class DriverServer:
             self._run_lock.release()
 
     def _execute(self, conn: Connection, sender: _Sender, request: Mapping[str, Any]) -> None:
+        """Run ``request`` (a run, or a validation) on a session of its own, in a job group its client
+        can cancel, and send its summary, error or traceback back."""
+        from replay.core.config import SparkSettings
         from replay.engine.spark import job_session
-        from replay.runner.loop import run
 
-        config, start, end = request["job"], request.get("start"), request.get("end")
+        if request["op"] == "run":
+            from replay.runner.loop import run
+
+            config = request["job"]
+            what, output, settings = f"run into {config.output}", config.output, config.spark
+
+            def work(session: SparkSession, on_event: Any) -> Any:
+                return run(config, start=request.get("start"), end=request.get("end"), spark=session, on_event=on_event)
+
+        else:
+            from replay.quality.validate import validate
+
+            output, settings = request["output"], SparkSettings()
+            what = f"validation of {output}"
+
+            def work(session: SparkSession, on_event: Any) -> Any:
+                return validate(
+                    output, request.get("version"), suites=request.get("suites"), spark=session, on_step=on_event
+                )
+
         group = f"replay-driver-{next(self._ids)}"
         context = self.session.sparkContext
         cancelled, finished = threading.Event(), threading.Event()
@@ -234,14 +255,13 @@ class DriverServer:
         forward = _Forward(sender)
         logging.getLogger("replay").addHandler(forward)
         with self._state:
-            self._running = {"output": config.output, "checkpoint": config.checkpoint, "since": time.time()}
+            self._running = {"op": request["op"], "output": output, "since": time.time()}
         began = time.perf_counter()
         outcome: str = "failed"
         reply: dict[str, Any] | None = None
         try:
-            context.setJobGroup(group, f"replay run into {config.output}", interruptOnCancel=True)
-            session = job_session(self.session, config.spark)
-            summary = run(config, start=start, end=end, spark=session, on_event=on_event)
+            context.setJobGroup(group, f"replay {what}", interruptOnCancel=True)
+            summary = work(job_session(self.session, settings), on_event)
             outcome, reply = "done", {"summary": summary}
         except ReplayError as error:
             reply = {"error": error}
@@ -264,7 +284,7 @@ class DriverServer:
         if reply is not None:
             sender.send(reply)
         _clean_up(context)  # the client has its answer: this is off its clock
-        log.info("run into %s: %s in %.1f s", config.output, outcome, seconds)
+        log.info("%s: %s in %.1f s", what, outcome, seconds)
 
 
 def _clean_up(context: Any) -> None:

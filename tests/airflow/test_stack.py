@@ -62,6 +62,9 @@ class Scheduled:
     quality_events: dict[str, list[dict[str, Any]]]
     published_events: list[dict[str, Any]]
     locked_in_logs: list[str]
+    #: ``replay driver status`` of the stack's kept driver, after the run sent to it (``engine: kept_driver``).
+    driver: dict[str, Any]
+    sent_to_driver: list[str]
     listing: Response
     report_file: Response
     report_file_anonymous: Response
@@ -98,6 +101,7 @@ class StackRun:
     exit_code: int | None
     api_closed: bool
     postgres_closed: bool
+    driver_log: str
     stopped_in: float
 
 
@@ -216,6 +220,7 @@ def run_on_the_stack() -> StackRun:
         exit_code=stack.process.returncode,
         api_closed=_closed(stack.url),
         postgres_closed=_closed(f"http://127.0.0.1:{pg.port}"),
+        driver_log=(work / "stack" / "logs" / "replay-driver.log").read_text(errors="replace"),
         stopped_in=stopped_in,
     )
 
@@ -276,6 +281,8 @@ def _scheduled_runs(stack: Stack, jwt: str, root: Path, work: Path, new_files: l
     quality report it triggers, the watermark gate deferred to the triggerer, two runs queued at once after
     new files arrived, then the Replays page in Chromium."""
     from replay.core.timeutil import format_ts
+    from replay.driver.client import driver_status
+    from replay.driver.home import DriverHome
     from replay_airflow.hooks import CheckpointHook
 
     begin = time.monotonic()
@@ -307,10 +314,11 @@ def _scheduled_runs(stack: Stack, jwt: str, root: Path, work: Path, new_files: l
     time.sleep(3)
     gate_state()  # still deferred: G_k has not moved
 
-    # New files, then two runs queued at once: one at a time (max_active_runs=1), never the lock.
+    # New files, then two runs queued at once: one at a time (max_active_runs=1), never the lock. The first,
+    # which replays the new files, sends its run to the stack's kept driver.
     for f in new_files:
         shutil.copy(f, root / "live" / "archive")
-    queued = [_trigger(stack, jwt, sched, {}), _trigger(stack, jwt, sched, {})]
+    queued = [_trigger(stack, jwt, sched, {"engine": "kept_driver"}), _trigger(stack, jwt, sched, {})]
     max_running = 0
     deadline = time.monotonic() + 900
     while True:
@@ -339,11 +347,12 @@ def _scheduled_runs(stack: Stack, jwt: str, root: Path, work: Path, new_files: l
         for q in quality_runs
     }
     published = stack.request(f"/api/v2/assets/events?source_dag_id={sched}&limit=100", token=jwt).json()
-    locked = [
-        str(path.relative_to(stack.directory))
-        for path in (stack.directory / "home" / "logs").rglob("*")
-        if path.is_file() and "checkpoint.locked" in path.read_text(errors="replace")
+    logs = [p for p in (stack.directory / "home" / "logs").rglob("*") if p.is_file()]
+    locked = [str(p.relative_to(stack.directory)) for p in logs if "checkpoint.locked" in p.read_text(errors="replace")]
+    sent = [
+        str(p.relative_to(stack.directory)) for p in logs if "to the kept driver of" in p.read_text(errors="replace")
     ]
+    driver = driver_status(DriverHome(Path(stack.env()["REPLAY_DRIVER"])))
 
     listing = stack.request("/replay/api/replays", token=jwt)
     live: dict[str, Any] = next((r for r in listing.json()["replays"] if r["name"] == "live"), {})
@@ -364,6 +373,8 @@ def _scheduled_runs(stack: Stack, jwt: str, root: Path, work: Path, new_files: l
         quality_events=quality_events,
         published_events=list(published["asset_events"]),
         locked_in_logs=locked,
+        driver=driver,
+        sent_to_driver=sent,
         listing=listing,
         report_file=stack.request(report_url, token=jwt),
         report_file_anonymous=stack.request(report_url),
@@ -404,6 +415,7 @@ def test_dev_sh_airflow_runs_every_service_on_postgres_and_stops_them_on_sigterm
     print(f"stack up in {done.started_in:.0f} s, stopped in {done.stopped_in:.0f} s")
     # SIGTERM (Ctrl-C's sibling): every service stopped, then Postgres, then the script exited 128 + 15.
     assert done.exit_code == 143 and done.api_closed and done.postgres_closed
+    assert "driver stopped" in done.driver_log, done.driver_log[-3000:]  # the kept driver too
 
 
 @pytest.mark.background("airflow-stack")
@@ -511,6 +523,22 @@ def test_two_runs_queued_at_once_run_one_at_a_time_without_meeting_the_checkpoin
         state in ("success", "skipped") and tries == 1 for t in scheduled.tasks.values() for state, tries in t.values()
     ), scheduled.tasks
     assert scheduled.locked_in_logs == []
+
+
+@pytest.mark.background("airflow-stack")
+def test_a_run_with_engine_kept_driver_runs_on_the_stack_s_kept_driver(done: StackRun, scheduled: Scheduled) -> None:
+    """The first queued run (``engine: kept_driver``) replayed the new files and validated them on the driver
+    ``./dev.sh airflow`` started, through the ``REPLAY_DRIVER`` its services have; it published (above)."""
+    tasks = scheduled.tasks[scheduled.queued[0]]
+    assert tasks["replay"] == ("success", 1) and tasks["validate"] == ("success", 1), tasks
+    assert tasks["publish"][0] == "success", tasks
+    sent = sorted(p.split("task_id=")[1].split("/")[0] for p in scheduled.sent_to_driver)
+    assert sent == ["replay", "validate"], scheduled.sent_to_driver
+    assert all(scheduled.queued[0] in p for p in scheduled.sent_to_driver), scheduled.sent_to_driver
+    assert (scheduled.driver["runs"], scheduled.driver["failed"]) == (2, 0), scheduled.driver
+    assert scheduled.driver["master"].startswith("local")
+    log = done.driver_log
+    assert log.count(": done in ") == 2 and "validation of " in log and "run into " in log, log[-3000:]
 
 
 @pytest.mark.background("airflow-stack")

@@ -17,7 +17,7 @@ import pytest
 
 from replay.core.config import JobConfig, SparkSettings, parse_config
 from replay.core.errors import ConfigError, DriverError, ReplayError
-from replay.driver.client import _absolute, driver_status, run_on_driver
+from replay.driver.client import _absolute, driver_status, run_on_driver, validate_on_driver
 from replay.driver.home import DriverHome
 from replay.driver.server import DriverServer
 from replay.engine.spark import job_session
@@ -219,15 +219,63 @@ def test_no_driver_is_a_clear_error(tmp_path: Path) -> None:
     assert none.value.exit_code == 1  # operational: a scheduler retries it
 
 
+def _verdicts(record: dict[str, Any]) -> list[tuple[str, list[tuple[str, str, bool, Any, Any]]]]:
+    return [
+        (
+            s["name"],
+            [
+                (e["type"], str(e["column"]), e["success"], e["element_count"], e["observed_value"])
+                for e in s["expectations"]
+            ],
+        )
+        for s in record["suites"]
+    ]
+
+
+def test_a_validation_on_the_driver_gives_the_verdict_given_in_process(
+    archive: Path, tmp_path: Path, spark: Any, driver: DriverServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``replay validate --driver`` (and ``validate_on_driver``): the same verdict, record and Data Docs
+    as in process, a relative output is the client's, and errors cross whole."""
+    from typer.testing import CliRunner
+
+    from replay.cli import app
+    from replay.quality.validate import validate
+
+    run(job(archive, tmp_path / "out"), spark=spark)
+    here = validate(tmp_path / "out", spark=spark)
+    assert here.success and sum(s["evaluated"] for s in here.record["suites"]) > 10
+    monkeypatch.chdir(tmp_path)
+    served = driver_status(driver.home)["runs"]
+    steps: list[tuple[str, int, int]] = []
+    there = validate_on_driver(driver.home, "out", on_step=lambda *e: steps.append(e))
+    assert driver_status(driver.home)["runs"] == served + 1  # the driver validated it, not this process
+    assert (there.success, there.version, there.data_docs) == (here.success, here.version, here.data_docs)
+    assert Path(there.output) == tmp_path / "out"
+    assert _verdicts(there.record) == _verdicts(here.record)
+    assert [step for step, _, _ in steps] == [*(f"suite {s['name']}" for s in here.record["suites"]), "done"]
+    with pytest.raises(ConfigError) as unknown:
+        validate_on_driver(driver.home, "out", suites=["nope"])
+    assert unknown.value.code == "validate.unknown_suite" and "nope" in unknown.value.message
+
+    sent = CliRunner().invoke(
+        app, ["validate", "out", "--suite", "windows"], env={"REPLAY_DRIVER": str(driver.home.path)}
+    )
+    assert sent.exit_code == 0, sent.output
+    assert driver_status(driver.home)["runs"] == served + 3
+    nowhere = CliRunner().invoke(app, ["validate", "out", "--driver", str(tmp_path / "no-driver")])
+    assert nowhere.exit_code == 1 and "[driver.unreachable]" in nowhere.output
+
+
 def test_the_airflow_operator_s_kept_driver_engine(
     archive: Path, tmp_path: Path, spark: Any, driver: DriverServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``engine: kept_driver`` sends the planned run to the driver ``REPLAY_DRIVER`` names: the same
-    summary and output as ``in_task``; with no driver there, the task fails and is retried."""
+    """``engine: kept_driver`` sends the planned run (and the validation) to the driver ``REPLAY_DRIVER``
+    names: the same summary and output as ``in_task``; with no driver there, the task fails and is retried."""
     pytest.importorskip("airflow")
     from airflow.sdk.exceptions import AirflowFailException
 
-    from replay_airflow.operators import ReplayRunOperator
+    from replay_airflow.operators import ReplayRunOperator, ReplayValidateOperator
     from replay_airflow.params import ResolvedJob
 
     def plan(output: Path, engine: str) -> dict[str, Any]:
@@ -243,6 +291,10 @@ def test_the_airflow_operator_s_kept_driver_engine(
         k: v for k, v in here.items() if k not in ("output", "checkpoint", "seconds")
     }
     assert driver_status(driver.home)["runs"] == served + 1  # the driver ran it, not this process
+    # The validate task of a DAG run of engine kept_driver validates on the driver too.
+    checked = ReplayValidateOperator(task_id="validate", source=sent).execute({"params": {"engine": "kept_driver"}})
+    assert checked["success"] and checked["revalidated"] and checked["version"] == sent["version"]
+    assert driver_status(driver.home)["runs"] == served + 2
     monkeypatch.setenv("REPLAY_DRIVER", str(tmp_path / "no-driver"))
     with pytest.raises(DriverError) as missing:  # not AirflowFailException: Airflow retries it
         ReplayRunOperator(task_id="replay", plan=plan(tmp_path / "none", "kept_driver")).execute({})

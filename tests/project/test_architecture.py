@@ -2,7 +2,8 @@
 
 Layers, bottom up: ``core`` (the contract in pure Python) < ``store`` (checkpoints, outputs) <
 ``engine`` (the Spark data plane) < ``runner`` (the run loop) and ``quality`` (validation,
-report) < the top-level modules (the CLI, the public API). A layer imports its own folder and
+report) < the top layer: the top-level modules (the CLI, the public API) and ``driver/`` (the kept
+driver, a server and its commands over the run loop and validation). A layer imports its own folder and
 the layers below it, never above. ``reference`` (the naive model) imports ``core`` alone, and
 no code but the tests imports it: the model the engine is checked against must not share it.
 Every import counts, also inside functions and under ``TYPE_CHECKING``.

@@ -31,7 +31,7 @@ BIN = Path(sys.executable).parent
 
 AIRFLOW_SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
 SPARK_SERVICES = ("spark-master", "spark-worker")
-SERVICES = {"postgres", "airflow-init", *AIRFLOW_SERVICES, *SPARK_SERVICES}
+SERVICES = {"postgres", "airflow-init", *AIRFLOW_SERVICES, "replay-driver", *SPARK_SERVICES}
 DATA_MOUNTS = {
     "replay-archive": "/data/archive",
     "replay-outputs": "/data/outputs",
@@ -272,7 +272,7 @@ def test_the_data_volumes_are_the_same_paths_for_the_tasks_and_the_executors() -
     every = services()
     declared = compose()["volumes"]
     expected = [f"{volume}:{path}" for volume, path in DATA_MOUNTS.items()]
-    for name in (*AIRFLOW_SERVICES, "airflow-init", "spark-worker"):
+    for name in (*AIRFLOW_SERVICES, "airflow-init", "replay-driver", "spark-worker"):
         mounts = every[name]["volumes"]
         assert [m for m in mounts if m.split(":")[0] in DATA_MOUNTS] == expected, name
     env = every["scheduler"]["environment"]
@@ -285,7 +285,9 @@ def test_the_data_volumes_are_the_same_paths_for_the_tasks_and_the_executors() -
     assert used == set(declared), "every named volume is declared and used"
     # Airflow's home and passwords: one volume for the Airflow services, as dev.sh's stack directory.
     home = every["scheduler"]["environment"]["AIRFLOW_HOME"]
-    (airflow_mount,) = [m for m in every["scheduler"]["volumes"] if m.split(":")[0] not in DATA_MOUNTS]
+    (airflow_mount,) = [
+        m for m in every["scheduler"]["volumes"] if m.split(":")[0] not in {*DATA_MOUNTS, "replay-driver"}
+    ]
     mount_path = airflow_mount.split(":")[1]
     assert home.startswith(mount_path + "/")
     assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"].startswith(mount_path + "/")
@@ -326,6 +328,8 @@ TRANSLATED = {
     "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": ("$(free_port)", "8793"),
     "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": ("$(free_port)", "8794"),
     "AIRFLOW__REPLAY__ROOT": ("${AIRFLOW__REPLAY__ROOT:-$PWD/data}", "/data"),
+    # The kept driver's home: in the stack directory; the replay-driver volume.
+    "REPLAY_DRIVER": ("$stack_dir/driver", "/opt/replay-driver"),
     # The spark_submit engine's cluster: ./dev.sh cluster's default address; the spark-master service.
     "AIRFLOW_CONN_SPARK_MASTER": ("${AIRFLOW_CONN_SPARK_MASTER:-spark://127.0.0.1:7077}", "spark://spark-master:7077"),
 }
@@ -402,6 +406,32 @@ def test_spark_runs_the_commands_of_dev_sh_cluster() -> None:
         assert re.fullmatch(rf"\$\{{{variable}:-\w+\}}", value), f"{variable}: overridable, with a default"
     for page in (ROOT / "docs" / "airflow.md", ROOT / "docker" / "README.md"):
         assert master_url in page.read_text(), f"{page.name}: the spark_master to set"
+
+
+def test_the_kept_driver_runs_the_command_dev_sh_airflow_runs(tmp_path: Path) -> None:
+    """``replay driver serve`` on the home the Airflow services' ``REPLAY_DRIVER`` names, a volume they share,
+    with dev.sh's master setting; in a container it listens beyond loopback and publishes its service's name."""
+    every = services()
+    driver = every["replay-driver"]
+    line = next(x for x in dev_section("airflow").splitlines() if "/bin/replay driver serve" in x)
+    words = shlex.split(line.strip().split(">", 1)[0])
+    assert words[0] == ".venv/bin/replay"
+    home = every["scheduler"]["environment"]["REPLAY_DRIVER"]
+    in_dev = [home if w == "$REPLAY_DRIVER" else w for w in ["replay", *words[1:]]]
+    entrypoint = driver["entrypoint"]
+    assert entrypoint[: len(in_dev)] == in_dev, f"./dev.sh airflow runs {words}"
+    assert entrypoint[len(in_dev) :] == ["--host", "0.0.0.0", "--port", "7078"]
+    assert option(entrypoint, "--master") == "${REPLAY_DRIVER_MASTER:-local[*]}"
+    assert driver["hostname"] == "replay-driver"  # the address it publishes when it listens on 0.0.0.0
+    for name in (*AIRFLOW_SERVICES, "replay-driver"):
+        assert f"replay-driver:{home}" in every[name]["volumes"], name
+    assert driver["healthcheck"]["test"] == ["CMD", "replay", "driver", "status", "--dir", home]
+    assert driver["environment"] == {"SPARK_DRIVER_MEMORY": "${SPARK_DRIVER_MEMORY:-1g}"}  # Spark's default
+    # Its health check fails where no driver answers.
+    result = subprocess.run(
+        [str(BIN / "replay"), "driver", "status", "--dir", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 1 and "[driver.unreachable]" in result.stderr, result.stderr
 
 
 # ------------------------------------------------------------------------- compose: health and secrets

@@ -27,6 +27,12 @@ __all__ = ["driver_status", "run_on_driver", "stop_driver", "validate_on_driver"
 
 log = logging.getLogger("replay.driver")
 
+#: What is left after a run or a validation the driver did not finish.
+_AFTER = {
+    "run": "nothing of the batch in progress was committed, and the next run resumes from the checkpoint",
+    "validation": "no verdict was written on the version: validate it again",
+}
+
 
 def run_on_driver(
     home: DriverHome,
@@ -90,8 +96,7 @@ def _exchange(
                     f"the kept driver at {home.path} ended during the {what} ({type(exc).__name__})",
                     code="driver.lost",
                     where=Location(file=str(home.record)),
-                    todo="look at the driver's log; nothing of the batch in progress was committed, and "
-                    "the next run resumes from the checkpoint",
+                    todo="look at the driver's log; " + _AFTER[what],
                 ) from exc
             if "event" in message:
                 if on_event is not None:
@@ -110,7 +115,7 @@ def _exchange(
                 raise DriverError(
                     f"the {what} failed in the kept driver with an unexpected error (its traceback above)",
                     code="driver.crashed",
-                    todo="report it with the traceback; the next run resumes from the checkpoint",
+                    todo="report it with the traceback; " + _AFTER[what],
                 )
     except KeyboardInterrupt:
         with contextlib.suppress(OSError, ValueError):

@@ -9,7 +9,9 @@ redirects to the auth manager's login. Each row: the checkpoint, its output, its
 finished), the last batch, the stream cut per origin, ``G_k`` per watermark key, the published
 version and the newest version's validation verdict, links to the output's HTML report and Data Docs,
 the Airflow DAG runs that wrote it (with links into Airflow's UI), and per key the lag of ``G_k``
-behind the newest watermark archived. Checkpoints are read without their lock.
+behind the newest watermark archived. Checkpoints are read without their lock. Above the rows, the
+kept driver of the DAGs' engine ``kept_driver`` (the home ``REPLAY_DRIVER`` names): whether it
+answers, its master, the runs it served and failed, what it runs now and its memory.
 
 ``GET /files/<path>`` serves the reports and Data Docs: files under the output root, inside an
 output's ``_report/`` or its Data Docs site (``_validation/gx/uncommitted/data_docs/``), to the same
@@ -40,7 +42,7 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException
 
-__all__ = ["DATA_DOCS_INDEX", "REPORT_INDEX", "app", "list_replays", "requires_read", "servable_file"]
+__all__ = ["DATA_DOCS_INDEX", "REPORT_INDEX", "app", "kept_driver", "list_replays", "requires_read", "servable_file"]
 
 #: Airflow's dependency for its own UI's pages: an authenticated user the auth manager lets read the
 #: website (401 without a user, 403 without the permission). Tests override it to look at the page alone.
@@ -267,8 +269,27 @@ def list_replays(mount: str = "") -> dict[str, Any]:
         rows.append(row)
     return {
         "roots": {"archive": roots.archive, "output": roots.output, "checkpoint": roots.checkpoint},
+        "driver": kept_driver(),
         "replays": rows,
     }
+
+
+def kept_driver() -> dict[str, Any] | None:
+    """The kept driver whose home ``REPLAY_DRIVER`` names: its status (``replay driver status``) and a
+    ``state`` (idle, busy, stopping), or ``not answering`` and why; ``None`` where no home is set."""
+    home = os.environ.get("REPLAY_DRIVER")
+    if not home:
+        return None
+    from replay.core.errors import ReplayError
+    from replay.driver.client import driver_status
+    from replay.driver.home import DriverHome
+
+    try:
+        status = driver_status(DriverHome(Path(home)), timeout=5)
+    except ReplayError as exc:
+        return {"home": home, "state": "not answering", "error": exc.message}
+    state = "stopping" if status["stopping"] else "busy" if status["running"] else "idle"
+    return {"home": home, "state": state, "error": None, **status}
 
 
 @asynccontextmanager

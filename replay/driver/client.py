@@ -125,9 +125,10 @@ def _exchange(
         conn.close()
 
 
-def driver_status(home: DriverHome) -> dict[str, Any]:
-    """The driver's process, address, master, runs served and memory (``DriverServer.status``)."""
-    return dict(_ask(home, {"op": "status"})["status"])
+def driver_status(home: DriverHome, *, timeout: float | None = None) -> dict[str, Any]:
+    """The driver's process, address, master, runs served and memory (``DriverServer.status``).
+    ``timeout``: seconds to wait for its answer (a page that shows it must not hang on it)."""
+    return dict(_ask(home, {"op": "status"}, timeout)["status"])
 
 
 def stop_driver(home: DriverHome, *, cancel: bool = False) -> None:
@@ -136,10 +137,12 @@ def stop_driver(home: DriverHome, *, cancel: bool = False) -> None:
     _ask(home, {"op": "stop", "cancel": cancel})
 
 
-def _ask(home: DriverHome, request: dict[str, Any]) -> dict[str, Any]:
+def _ask(home: DriverHome, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
     conn = _connect(home)
     try:
         conn.send(request)
+        if timeout is not None and not conn.poll(timeout):
+            raise _unreachable(home, TimeoutError(f"no answer in {timeout:g} s"))
         answer: dict[str, Any] = conn.recv()
         return answer
     except (EOFError, OSError) as exc:  # it ended between the handshake and its answer

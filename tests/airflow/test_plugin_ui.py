@@ -259,3 +259,40 @@ def test_the_page_renders_in_headless_chromium(server: str, tmp_path: Path) -> N
     assert image.size == (1280, 800)
     colours = sorted(image.getcolors(maxcolors=1 << 20) or [], reverse=True)
     assert len(colours) > 20 and colours[0][0] < 0.95 * 1280 * 800  # text and table, not a blank page
+
+
+def test_the_page_shows_the_kept_driver(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above the replays: the kept driver ``REPLAY_DRIVER`` names, answering or not; nothing without one."""
+    import threading
+
+    from replay.driver.home import DriverHome
+    from replay.driver.server import DriverServer
+    from replay_airflow.ui import _TEMPLATES, kept_driver
+
+    def page(driver: dict[str, Any] | None) -> str:
+        roots = {"archive": "/a", "output": "/o", "checkpoint": "/c"}
+        return _TEMPLATES.get_template("replays.html.j2").render(roots=roots, driver=driver, replays=[])
+
+    monkeypatch.delenv("REPLAY_DRIVER", raising=False)
+    assert kept_driver() is None and 'id="kept-driver"' not in page(None)
+    monkeypatch.setenv("REPLAY_DRIVER", str(tmp_path / "none"))
+    gone = kept_driver()
+    assert gone is not None and gone["state"] == "not answering" and "replay driver serve" in gone["error"]
+    assert "state-not-answering" in page(gone)
+
+    server = DriverServer(DriverHome(tmp_path / "home"), spark)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv("REPLAY_DRIVER", str(tmp_path / "home"))
+        up = kept_driver()
+        assert up is not None and (up["state"], up["runs"], up["failed"], up["error"]) == ("idle", 0, 0, None)
+        assert up["master"] == str(spark.sparkContext.master) and up["home"] == str(tmp_path / "home")
+        html = page(up)
+        assert 'id="kept-driver"' in html and "state-idle" in html and "0 served, 0 failed" in html
+        assert f"<code>{up['master']}</code>" in html and "JVM heap" in html
+        busy = page(up | {"state": "busy", "running": {"op": "run", "output": "/o/daily", "since": 0}})
+        assert "now: run of <code>/o/daily</code>" in busy
+    finally:
+        server.stop()
+        thread.join(30)

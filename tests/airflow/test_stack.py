@@ -537,6 +537,9 @@ def test_a_run_with_engine_kept_driver_runs_on_the_stack_s_kept_driver(done: Sta
     assert all(scheduled.queued[0] in p for p in scheduled.sent_to_driver), scheduled.sent_to_driver
     assert (scheduled.driver["runs"], scheduled.driver["failed"]) == (2, 0), scheduled.driver
     assert scheduled.driver["master"].startswith("local")
+    # The Replays page shows it, idle after its two.
+    shown = scheduled.listing.json()["driver"]
+    assert (shown["state"], shown["runs"], shown["failed"]) == ("idle", 2, 0), shown
     log = done.driver_log
     assert log.count(": done in ") == 2 and "validation of " in log and "run into " in log, log[-3000:]
 

@@ -142,6 +142,9 @@ class ClusterRun:
     dag: subprocess.CompletedProcess[str]
     dag_output: Path
     events: Path  # Spark's event log of the ``replay run``
+    kept: subprocess.CompletedProcess[str]  # ``replay run --driver`` on a kept driver whose master is the cluster
+    kept_job: Path
+    kept_driver_log: str
 
 
 @_background.register("cluster")
@@ -183,6 +186,8 @@ def replay_on_a_cluster() -> ClusterRun:
             "spark_conf": SPARK_CONF,
         }
         dag = airflow.dags_test("replay_backfill", conf, check=False, env={"AIRFLOW_CONN_SPARK_MASTER": master})
+        kept_job = write_job(work / "kept", archive, max_buffers=7)  # its default local[*]: the driver's master
+        kept, kept_log = _on_a_kept_driver(work / "driver-home", master, kept_job, env)
         apps = master_state(ui)["completedapps"]
     try:
         master_state(ui)
@@ -202,7 +207,38 @@ def replay_on_a_cluster() -> ClusterRun:
         dag,
         airflow.root / "dag-out",
         events,
+        kept,
+        kept_job,
+        kept_log,
     )
+
+
+def _on_a_kept_driver(
+    home: Path, master: str, job: Path, env: dict[str, str]
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """``replay driver serve --master <the cluster>``, one ``replay run --driver`` sent to it, then ``stop``."""
+    log = home.parent / "driver.log"
+    with open(log, "w") as sink:
+        serve = subprocess.Popen(
+            [REPLAY, "driver", "serve", "--dir", str(home), "--master", master], env=env, stdout=sink, stderr=sink
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while not (home / "driver.json").exists() and serve.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        sent = subprocess.run(
+            [REPLAY, "run", "--config", str(job), "--driver", str(home), "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        subprocess.run([REPLAY, "driver", "stop", "--dir", str(home)], env=env, capture_output=True, timeout=120)
+        serve.wait(120)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+    return sent, log.read_text()
 
 
 @pytest.mark.background("cluster")
@@ -214,10 +250,12 @@ def test_a_replay_on_a_standalone_cluster_equals_a_local_one(tmp_path: Path, spa
         assert summary["batches"] == 2 and summary["windows_emitted"] > 0 and sum(summary["late_tuples"].values()) > 0
         # The CLI's application, then the DAG's spark-submit (named after its DAG run), both with
         # their tasks in the worker's executor.
+        # Then the kept driver's, stopped after the run sent to it.
         names = sorted((a["name"], a["state"]) for a in done.apps)
         assert names[0] == ("replay", "FINISHED"), done.apps
-        assert len(names) == 2 and names[1][0].startswith("replay replay_backfill manual__"), done.apps
+        assert len(names) == 3 and names[1][0].startswith("replay replay_backfill manual__"), done.apps
         assert names[1][1] == "FINISHED" and all(a["cores"] > 0 for a in done.apps)
+        assert names[2] == ("replay-driver", "FINISHED"), done.apps
         # Each pass shuffled into one partition per core of the worker (3). Here the executor
         # registers before the session asks for the cores, so this holds without follow_cores too;
         # where executors come up later (containers) only follow_cores makes it hold
@@ -251,5 +289,14 @@ def test_a_replay_on_a_standalone_cluster_equals_a_local_one(tmp_path: Path, spa
         published = current_version(done.dag_output)
         assert published is not None and read_manifest(done.dag_output, published).source == run_version
         assert digest(done.dag_output)["windows"] == local_digests["windows"]
+
+        # A run sent to a kept driver whose master is the cluster: its executors, the same tables.
+        assert done.kept.returncode == 0, (done.kept.stderr + done.kept_driver_log)[-6000:]
+        assert json.loads(done.kept.stdout)["batches"] == 2
+        kept = load_config(done.kept_job)
+        assert kept.output is not None
+        kept_digests = digest(kept.output)
+        assert {t: kept_digests[t] for t in DETERMINISTIC} == {t: local_digests[t] for t in DETERMINISTIC}
+        assert "(master spark://127.0.0.1:" in done.kept_driver_log and "driver stopped" in done.kept_driver_log
     finally:
         shutil.rmtree(done.work, ignore_errors=True)

@@ -19,8 +19,9 @@ from replay.driver.home import DriverHome, default_home
 __all__ = ["driver_app"]
 
 driver_app = typer.Typer(
-    help="A kept driver: one long-lived Spark driver that runs the replays sent to it with "
-    "'replay run --driver DIR', so that only its first run pays the JVM's start (docs/driver.md).",
+    help="A kept driver: one long-lived Spark driver that runs the replays and validations sent to it "
+    "with 'replay run --driver DIR' and 'replay validate --driver DIR', so that only its first run pays "
+    "the JVM's start (docs/driver.md).",
     no_args_is_help=True,
 )
 
@@ -46,7 +47,7 @@ def serve(
     host: Annotated[str, typer.Option(help="The address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="The port to listen on (0: any free one).")] = 0,
 ) -> None:
-    """Start a kept driver and serve runs until 'replay driver stop', SIGTERM or Ctrl-C."""
+    """Start a kept driver and serve runs and validations until 'replay driver stop', SIGTERM or Ctrl-C."""
     from replay.core.config import SparkSettings
     from replay.driver.client import driver_status
     from replay.driver.server import DriverServer

@@ -1,5 +1,5 @@
-"""The kept driver (``replay driver serve``): one process, one warm SparkSession, and the runs that
-clients send it, one at a time.
+"""The kept driver (``replay driver serve``): one process, one warm SparkSession, and the runs (and
+validations: ``replay validate --driver``) that clients send it, one at a time.
 
 Each connection is authenticated with the home's key (``multiprocessing.connection``'s
 challenge) before a word of it is read. A run gets a session of its own on the driver's JVM

@@ -4,7 +4,9 @@ Scheduled on the ``replay_published_windows`` Asset (updated by ``replay_schedul
 comes from the triggering Asset event (its ``extra`` names it), else from the ``output`` param.
 The report (watermark timeline per origin and key, lateness histograms, gaps, duplicates, the
 validation verdict, corrections) lands in ``<output>/_report/index.html``, the Data Docs under
-``<output>/_validation/``.
+``<output>/_validation/``. The ``engine`` param chooses where the validation's Spark driver runs: in
+the task (``in_task``), or on the kept driver whose home the worker's ``REPLAY_DRIVER`` names
+(``kept_driver``), as for the replay DAGs.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ with DAG(
         "output": Param("live/out", type="string", minLength=1, description="output, relative to the output root"),
         "checkpoint": Param(
             "live", type=["string", "null"], description="checkpoint, relative to the checkpoint root (stream cut)"
+        ),
+        "engine": Param(
+            "in_task",
+            type="string",
+            enum=["in_task", "kept_driver"],
+            description="in_task: the validation's Spark driver runs inside the Airflow task; kept_driver: the "
+            "validation is sent to the kept driver (replay driver serve) whose home the worker's REPLAY_DRIVER names",
         ),
     },
     tags=["replay"],

@@ -35,6 +35,8 @@ print(json.dumps({
     "files": sorted({d.fileloc.rsplit("/", 1)[-1] for d in bag.dags.values()}),
     "heavy": heavy,
     "replay_modules": sorted(m for m in sys.modules if m.startswith("replay.")),
+    "engines": {d.dag_id: d.params.get_param("engine").schema.get("enum") for d in bag.dags.values()
+                if "engine" in d.params},
 }))
 """
 
@@ -62,6 +64,17 @@ def test_every_dag_file_parses_without_errors(parsed: dict[str, object]) -> None
         "replay_scheduled": ["plan", "publish", "replay", "validate"],
         "replay_quality_report": ["report", "validate"],
         "replay_watermark_gate": ["wait_for_watermark"],
+    }
+
+
+def test_every_dag_that_validates_offers_the_kept_driver(parsed: dict[str, object]) -> None:
+    """Where a DAG's Spark work runs is its ``engine`` param; validation has no spark-submit form."""
+    from replay_airflow.params import ENGINES
+
+    assert parsed["engines"] == {
+        "replay_backfill": list(ENGINES),
+        "replay_scheduled": list(ENGINES),
+        "replay_quality_report": ["in_task", "kept_driver"],
     }
 
 

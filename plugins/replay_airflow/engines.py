@@ -43,10 +43,8 @@ def on_kept_driver(job: Any, log: Any) -> dict[str, Any]:
     waits for it, and its end (a timeout, a cleared task) cancels it. A driver that cannot be
     reached or ends during the run raises ``DriverError``, which Airflow retries."""
     from replay.driver.client import run_on_driver
-    from replay.driver.home import DriverHome, default_home
 
-    home = DriverHome(default_home())
-    log.info("sending the run to the kept driver of %s", home.path)
+    home = _kept_driver_home("run", log)
     return run_on_driver(home, job.config, start=job.start, end=job.end, on_event=Progress(log)).to_dict()
 
 
@@ -54,11 +52,18 @@ def validate_on_kept_driver(output: str, version: int, suites: Any, log: Any) ->
     """``replay.validate`` sent to the same kept driver as ``on_kept_driver``'s runs: a DAG run of
     engine ``kept_driver`` starts no Spark driver of its own for its validation either."""
     from replay.driver.client import validate_on_driver
+
+    home = _kept_driver_home("validation", log)
+    return validate_on_driver(home, output, version, suites=suites, on_step=Progress(log))
+
+
+def _kept_driver_home(what: str, log: Any) -> Any:
+    """The home the worker's ``REPLAY_DRIVER`` names (``replay.driver.home.default_home``), logged."""
     from replay.driver.home import DriverHome, default_home
 
     home = DriverHome(default_home())
-    log.info("sending the validation to the kept driver of %s", home.path)
-    return validate_on_driver(home, output, version, suites=suites, on_step=Progress(log))
+    log.info("sending the %s to the kept driver of %s", what, home.path)
+    return home
 
 
 def submitted(job: Any, context: Any, conn_id: str, log: Any) -> dict[str, Any]:

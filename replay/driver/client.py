@@ -75,7 +75,7 @@ def validate_on_driver(
         "op": "validate",
         "output": _here(str(output)),
         "version": version,
-        "suites": list(suites) if suites else suites,
+        "suites": list(suites) if suites is not None else None,
     }
     outcome: ValidationOutcome = _exchange(home, request, on_step, "validation")
     return outcome
@@ -85,7 +85,7 @@ def _exchange(
     home: DriverHome, request: dict[str, Any], on_event: Callable[[str, int, int], None] | None, what: str
 ) -> Any:
     """Send ``request``, relay its events and log records while it goes, return its summary or raise its error."""
-    conn = _connect(home)
+    conn, _ = _connect(home)
     try:
         conn.send(request)
         while True:
@@ -138,30 +138,30 @@ def stop_driver(home: DriverHome, *, cancel: bool = False) -> None:
 
 
 def _ask(home: DriverHome, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-    conn = _connect(home)
+    conn, details = _connect(home)
     try:
         conn.send(request)
         if timeout is not None and not conn.poll(timeout):
-            raise _unreachable(home, TimeoutError(f"no answer in {timeout:g} s"))
+            raise _unreachable(home, details, TimeoutError(f"no answer in {timeout:g} s"))
         answer: dict[str, Any] = conn.recv()
         return answer
     except (EOFError, OSError) as exc:  # it ended between the handshake and its answer
-        raise _unreachable(home, exc) from exc
+        raise _unreachable(home, details, exc) from exc
     finally:
         conn.close()
 
 
-def _connect(home: DriverHome) -> Connection:
+def _connect(home: DriverHome) -> tuple[Connection, dict[str, Any]]:
+    """A connection to the driver of ``home``, authenticated, and the record it was found by."""
     details = home.details()
     address = (details["host"], int(details["port"]))
     try:
-        return Client(address, authkey=details["key"])
+        return Client(address, authkey=details["key"]), details
     except (OSError, EOFError, AuthenticationError) as exc:  # refused, reset, or a key not the driver's
-        raise _unreachable(home, exc, details) from exc
+        raise _unreachable(home, details, exc) from exc
 
 
-def _unreachable(home: DriverHome, exc: BaseException, details: dict[str, Any] | None = None) -> DriverError:
-    details = details if details is not None else home.details()
+def _unreachable(home: DriverHome, details: dict[str, Any], exc: BaseException) -> DriverError:
     return DriverError(
         f"the Replay driver of {home.path} (process {details.get('pid')}) does not answer at "
         f"{details['host']}:{details['port']} ({type(exc).__name__}: {exc})",

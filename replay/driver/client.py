@@ -6,15 +6,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import time
 from collections.abc import Callable
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replay.core.errors import DriverError, Location
 from replay.core.paths import local_path
 from replay.driver.home import DriverHome
+from replay.driver.wire import connect
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -26,6 +28,11 @@ if TYPE_CHECKING:
 __all__ = ["driver_status", "run_on_driver", "stop_driver", "validate_on_driver"]
 
 log = logging.getLogger("replay.driver")
+
+#: Seconds a command waits for the driver to pass the key challenge (connecting included), unless a
+#: shorter bound is asked for (``driver_status(timeout=)``). A driver busy with a run still answers it
+#: at once: each connection has a thread of its own there.
+CONNECT_TIMEOUT = 30.0
 
 #: What is left after a run or a validation the driver did not finish.
 _AFTER = {
@@ -127,7 +134,7 @@ def _exchange(
 
 def driver_status(home: DriverHome, *, timeout: float | None = None) -> dict[str, Any]:
     """The driver's process, address, master, runs served and memory (``DriverServer.status``).
-    ``timeout``: seconds to wait for its answer (a page that shows it must not hang on it)."""
+    ``timeout``: seconds to wait for it, connecting included (a page that shows it must not hang on it)."""
     return dict(_ask(home, {"op": "status"}, timeout)["status"])
 
 
@@ -138,10 +145,11 @@ def stop_driver(home: DriverHome, *, cancel: bool = False) -> None:
 
 
 def _ask(home: DriverHome, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-    conn, details = _connect(home)
+    began = time.monotonic()
+    conn, details = _connect(home, CONNECT_TIMEOUT if timeout is None else timeout)
     try:
         conn.send(request)
-        if timeout is not None and not conn.poll(timeout):
+        if timeout is not None and not conn.poll(max(0.0, timeout - (time.monotonic() - began))):
             raise _unreachable(home, details, TimeoutError(f"no answer in {timeout:g} s"))
         answer: dict[str, Any] = conn.recv()
         return answer
@@ -151,13 +159,14 @@ def _ask(home: DriverHome, request: dict[str, Any], timeout: float | None = None
         conn.close()
 
 
-def _connect(home: DriverHome) -> tuple[Connection, dict[str, Any]]:
-    """A connection to the driver of ``home``, authenticated, and the record it was found by."""
+def _connect(home: DriverHome, within: float = CONNECT_TIMEOUT) -> tuple[Connection, dict[str, Any]]:
+    """A connection to the driver of ``home``, authenticated within ``within`` seconds, and the
+    record it was found by."""
     details = home.details()
     address = (details["host"], int(details["port"]))
     try:
-        return Client(address, authkey=details["key"]), details
-    except (OSError, EOFError, AuthenticationError) as exc:  # refused, reset, or a key not the driver's
+        return connect(address, details["key"], within=within), details
+    except (OSError, EOFError, AuthenticationError) as exc:  # refused, silent, reset, or another key
         raise _unreachable(home, details, exc) from exc
 
 

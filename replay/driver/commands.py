@@ -57,7 +57,7 @@ def serve(
     try:
         settings = SparkSettings(master=master, conf=dict(_pair(item) for item in conf or ()))
         try:
-            running = driver_status(home)
+            running = driver_status(home, timeout=10)
         except DriverError:
             running = None
         if running is not None:
@@ -94,7 +94,7 @@ def status(
     from replay.driver.client import driver_status
 
     try:
-        found = driver_status(_home(directory))
+        found = driver_status(_home(directory), timeout=30)
     except ReplayError as error:
         raise failure(error) from error
     if as_json:

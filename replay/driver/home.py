@@ -54,9 +54,11 @@ class DriverHome:
         write_json_atomic(self.record, details)
 
     def withdraw(self, pid: int) -> None:
-        """Remove the record if it is still this process's (a newer driver may have replaced it)."""
+        """Remove the record and the key if they are still this process's (a newer driver may have
+        replaced them)."""
         try:
             if json.loads(self.record.read_text()).get("pid") == pid:
+                self.key_file.unlink(missing_ok=True)
                 self.record.unlink()
         except (OSError, ValueError):
             pass

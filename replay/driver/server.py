@@ -1,16 +1,17 @@
 """The kept driver (``replay driver serve``): one process, one warm SparkSession, and the runs (and
 validations: ``replay validate --driver``) that clients send it, one at a time.
 
-Each connection is authenticated with the home's key (``multiprocessing.connection``'s
-challenge) before a word of it is read. A run gets a session of its own on the driver's JVM
-(``replay.engine.spark.job_session``), so its SQL settings are the job's and nothing carries over
-from the last run but what the JVM compiled. Runs wait their turn: a second client is told it is
-queued and starts when the first run ends. While a run goes, its progress events and the
-``replay`` logger's records go back to the client; at its end the client gets the run's summary,
-its ``ReplayError``, or an unexpected error's traceback. A client that goes away (its process
-ended, Ctrl-C) cancels its run: the Spark jobs of the run's job group are cancelled and the run
-stops at its next step, committing nothing more, as a crashed run would; the next run resumes from
-its checkpoint.
+Each connection is authenticated with the home's key (``multiprocessing.connection``'s challenge,
+``replay.driver.wire``) before a word of it is read, in the connection's own thread and within
+``handshake_timeout`` seconds, so a peer that connects and says nothing holds up no one. A run gets
+a session of its own on the driver's JVM (``replay.engine.spark.job_session``), so its SQL settings
+are the job's and nothing carries over from the last run but what the JVM compiled. Runs wait their
+turn: a second client is told it is queued and starts when the first run ends. While a run goes, its
+progress events and the ``replay`` logger's records go back to the client; at its end the client
+gets the run's summary, its ``ReplayError``, or an unexpected error's traceback. A client that goes
+away (its process ended, Ctrl-C) cancels its run: the Spark jobs of the run's job group are
+cancelled and the run stops at its next step, committing nothing more, as a crashed run would; the
+next run resumes from its checkpoint.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from replay.core.errors import DriverError, ReplayError
 from replay.driver.home import DriverHome
+from replay.driver.wire import handshake, hang_up
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -78,13 +80,23 @@ class _Forward(logging.Handler):
 
 class DriverServer:
     """Serve runs on ``session`` at ``host:port`` (port 0: any free one) until ``stop``; the address
-    and a new key are published in ``home``."""
+    and a new key are published in ``home``. A connection that has not passed the key challenge
+    within ``handshake_timeout`` seconds is hung up on."""
 
-    def __init__(self, home: DriverHome, session: SparkSession, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        home: DriverHome,
+        session: SparkSession,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        handshake_timeout: float = 10.0,
+    ) -> None:
         self.home = home
         self.session = session
         self._key = home.new_key()
-        self._listener = Listener((host, port), authkey=self._key)
+        self._handshake_timeout = handshake_timeout
+        self._listener = Listener((host, port))  # no authkey: the challenge runs in each connection's thread
         self.address: tuple[str, int] = self._listener.address
         self._stopping = threading.Event()
         self._cancelling = threading.Event()  # ``stop(cancel=True)``: the run in progress stops too
@@ -115,7 +127,7 @@ class DriverServer:
             while not self._stopping.is_set():
                 try:
                     conn = self._listener.accept()
-                except (OSError, EOFError, AuthenticationError) as exc:  # a reset, or a failed handshake
+                except OSError as exc:  # a connection reset before it was accepted
                     if self._stopping.is_set():
                         break
                     log.warning("refused a connection: %s", exc)
@@ -137,8 +149,8 @@ class DriverServer:
         if cancel:
             self._cancelling.set()
             self.session.sparkContext.cancelAllJobs()
-        with contextlib.suppress(OSError, EOFError, AuthenticationError):  # wakes ``accept``
-            Client(self.address, authkey=self._key).close()
+        with contextlib.suppress(OSError):  # wakes ``accept``
+            Client(self.address).close()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait for the run in progress, if any, to end; whether it did within ``timeout``."""
@@ -170,6 +182,12 @@ class DriverServer:
 
     def _serve(self, conn: Connection) -> None:
         try:
+            handshake(conn, self._key, server=True, within=self._handshake_timeout)
+        except (OSError, EOFError, AuthenticationError) as exc:  # a wrong key, silence, or a reset
+            log.warning("refused a connection: %s: %s", type(exc).__name__, exc)
+            hang_up(conn)
+            return
+        try:
             request = conn.recv()
             op = request.get("op") if isinstance(request, dict) else None
             if op == "status":
@@ -184,7 +202,7 @@ class DriverServer:
         except (EOFError, OSError):
             pass  # the client went away
         finally:
-            _hang_up(conn)
+            hang_up(conn)
 
     def _queue(self, conn: Connection, request: Mapping[str, Any]) -> None:
         sender = _Sender(conn)
@@ -303,15 +321,6 @@ def _stopping_error() -> DriverError:
         code="driver.stopping",
         todo="send the run to a driver started again, or run it without a driver",
     )
-
-
-def _hang_up(conn: Connection) -> None:
-    """Close ``conn`` so that a thread blocked reading it (a run's watcher) wakes up too."""
-    with contextlib.suppress(OSError, ValueError):
-        dup = socket.socket(fileno=os.dup(conn.fileno()))
-        with dup:
-            dup.shutdown(socket.SHUT_RDWR)
-    conn.close()
 
 
 def _rss_mib() -> float | None:

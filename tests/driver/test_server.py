@@ -6,6 +6,7 @@ refused. ``test_commands.py`` starts one as users do, in a process of its own.""
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from multiprocessing import AuthenticationError
@@ -46,7 +47,7 @@ def driver(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> Iterator[Dri
     server.stop()
     thread.join(30)
     assert not thread.is_alive()
-    assert not server.home.record.exists()  # withdrawn at the end
+    assert not server.home.record.exists() and not server.home.key_file.exists()  # withdrawn at the end
 
 
 def job(archive: Path | str, output: Path | str, **more: Any) -> JobConfig:
@@ -184,6 +185,37 @@ def test_a_wrong_key_is_refused_and_the_driver_goes_on(archive: Path, tmp_path: 
             driver.home.key_file.write_bytes(details["key"])
     assert refused.value.code == "driver.unreachable"
     assert driver_status(driver.home)["pid"] == os.getpid()
+
+
+def test_a_silent_connection_holds_up_no_other_client_and_is_hung_up_on(tmp_path: Path, spark: Any) -> None:
+    """A process that connects and never answers the key challenge: the driver serves others
+    meanwhile, and hangs up on it when the challenge's bound passes."""
+    server = DriverServer(DriverHome(tmp_path / "home"), spark, handshake_timeout=2)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    try:
+        with socket.create_connection(server.address, timeout=60) as silent:
+            assert driver_status(server.home, timeout=30)["pid"] == os.getpid()
+            heard = b""
+            while chunk := silent.recv(4096):  # the challenge, then the end when the bound passes
+                heard += chunk
+        assert heard  # it was challenged, and then hung up on (no timeout above)
+        assert driver_status(server.home, timeout=30)["runs"] == 0
+    finally:
+        server.stop()
+        serving.join(30)
+    assert not serving.is_alive()
+
+
+def test_a_peer_that_never_answers_the_challenge_is_unreachable_in_time(tmp_path: Path) -> None:
+    """Something that is not the driver listens at the published address and says nothing."""
+    home = DriverHome(tmp_path / "home")
+    with socket.create_server(("127.0.0.1", 0)) as mute:
+        home.new_key()
+        home.publish({"pid": os.getpid(), "host": "127.0.0.1", "port": mute.getsockname()[1]})
+        with pytest.raises(DriverError) as silent:
+            driver_status(home, timeout=1)
+    assert silent.value.code == "driver.unreachable" and "HandshakeTimeout" in silent.value.message
 
 
 def test_a_driver_that_ends_before_it_answers_is_unreachable(tmp_path: Path) -> None:

@@ -1,0 +1,100 @@
+"""The kept driver's connections: ``multiprocessing.connection``'s framing and key challenge (each
+side proves it knows the home's key before a word is read), with the challenge bounded in time on
+both sides. A peer that connects and then says nothing (a port scanner, a process that is not the
+driver, a driver whose process is stopped) is hung up on when the bound passes, so it holds up
+neither the driver's other clients nor a client's caller."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+
+__all__ = ["HandshakeTimeout", "connect", "handshake", "hang_up"]
+
+
+class HandshakeTimeout(TimeoutError):
+    """The peer did not finish the key challenge in time."""
+
+
+def connect(address: tuple[str, int], key: bytes, *, within: float) -> Connection:
+    """A connection to ``address``, authenticated with ``key`` within ``within`` seconds (connecting
+    included).
+
+    Raises:
+        OSError: refused or unreachable (``HandshakeTimeout`` when no answer came in time).
+        EOFError: the peer closed during the challenge.
+        multiprocessing.AuthenticationError: the peer does not know ``key``.
+    """
+    try:
+        sock = socket.create_connection(address, timeout=within)
+    except TimeoutError as exc:
+        raise HandshakeTimeout(f"no connection in {within:g} s") from exc
+    sock.setblocking(True)  # the connection reads its file descriptor directly
+    conn = Connection(sock.detach())
+    try:
+        handshake(conn, key, server=False, within=within)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def handshake(conn: Connection, key: bytes, *, server: bool, within: float) -> None:
+    """Run the key challenge both ways on ``conn`` (the server challenges first), hanging up when
+    ``within`` seconds pass first.
+
+    Raises:
+        HandshakeTimeout: the peer did not finish in time (``conn`` is then closed).
+        EOFError, OSError: the peer went away.
+        multiprocessing.AuthenticationError: the peer does not know ``key``.
+    """
+    state = threading.Lock()
+    over: list[str] = []  # "done" once the challenge passed, "late" once the bound hung up
+
+    def too_late() -> None:
+        with state:
+            if not over:
+                over.append("late")
+                hang_up(conn)
+
+    timer = threading.Timer(within, too_late)
+    timer.daemon = True
+    timer.start()
+    try:
+        if server:
+            deliver_challenge(conn, key)
+            answer_challenge(conn, key)
+        else:
+            answer_challenge(conn, key)
+            deliver_challenge(conn, key)
+    except (EOFError, OSError) as exc:
+        if _settle(state, over, timer) == "late":
+            raise HandshakeTimeout(f"no answer to the key challenge in {within:g} s") from exc
+        raise
+    except BaseException:
+        _settle(state, over, timer)
+        raise
+    if _settle(state, over, timer) == "late":  # it passed as the bound hung up
+        raise HandshakeTimeout(f"no answer to the key challenge in {within:g} s")
+
+
+def _settle(state: threading.Lock, over: list[str], timer: threading.Timer) -> str:
+    """End the race with the bound's timer: how the challenge ended (\"done\" or \"late\")."""
+    with state:
+        if not over:
+            over.append("done")
+    timer.cancel()
+    return over[0]
+
+
+def hang_up(conn: Connection) -> None:
+    """Close ``conn`` so that a thread blocked reading it wakes up too (a bare ``close`` leaves a
+    reader in another thread waiting on the socket)."""
+    with contextlib.suppress(OSError, ValueError):
+        dup = socket.socket(fileno=os.dup(conn.fileno()))
+        with dup:
+            dup.shutdown(socket.SHUT_RDWR)
+    conn.close()

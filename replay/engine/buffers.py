@@ -26,7 +26,8 @@ from replay.engine.archive import ArchiveLayout
 from replay.engine.copies import cached_content_hashes
 from replay.engine.copy_checks import check_copies, check_sequences
 from replay.engine.file_cache import FileCache
-from replay.engine.scan import scan_columns, scan_records
+from replay.engine.scan import scan_records
+from replay.engine.scan_columns import scan_columns
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

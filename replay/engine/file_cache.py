@@ -20,7 +20,7 @@ import pyarrow as pa
 from replay.core.paths import local_path
 
 if TYPE_CHECKING:
-    from replay.engine.scan import ScanColumns
+    from replay.engine.scan_columns import ScanColumns
 
 __all__ = ["FileCache", "footer_digest"]
 

@@ -19,30 +19,26 @@ place is.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from replay.core.paths import local_path
-from replay.engine.archive import ArchiveLayout
 from replay.engine.readers import read_in_tasks
+from replay.engine.scan_columns import ScanColumns, scan_columns
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from replay.engine.archive import ArchiveLayout
     from replay.engine.file_cache import FileCache
 
 __all__ = [
-    "ScanColumns",
     "as_int64",
     "event_lows",
     "open_parquet",
     "raw_micros",
-    "scan_columns",
     "scan_file",
     "scan_files",
     "scan_records",
@@ -54,64 +50,6 @@ __all__ = [
 # 40 files took 1.2 to 1.4 s in batches of 65,536 rows, 0.64 to 0.74 s in batches of 262,144
 # (warm, 2 threads; each file whole: 0.65 to 0.69 s).
 _BATCH_ROWS = 262_144
-
-
-@dataclass(frozen=True, slots=True)
-class ScanColumns:
-    """What the scan reads of each file: the role of each column it aggregates per copy.
-
-    ``meta``: (record name, column, time kind or ``None``) of every metadata value checked to be
-    constant per buffer; ``events``: per watermark key, its event time column and kind, or
-    ``None`` when the scan does not read it.
-    """
-
-    origin: str
-    sequence: str
-    chunk: str
-    key: str
-    meta: tuple[tuple[str, str, str | None], ...]
-    events: tuple[tuple[str, str] | None, ...]
-
-    def digest(self) -> str:
-        return hashlib.sha256(
-            json.dumps([self.origin, self.sequence, self.chunk, self.key, self.meta, self.events]).encode()
-        ).hexdigest()[:16]
-
-    def record_schema(self) -> pa.Schema:
-        fields = [pa.field("_file", pa.string())]
-        fields += [
-            pa.field(n, pa.int64()) for n in ("origin", "sequence", "chunk", "rows", "tuples", "row_min", "row_max")
-        ]
-        for name, _, _ in self.meta:
-            fields += [pa.field(f"{name}_{s}", pa.int64()) for s in ("min", "max", "n")]
-        for index in range(len(self.events)):
-            fields += [pa.field(f"ev{index}_{s}", pa.int64()) for s in ("min", "max")]
-        return pa.schema(fields)
-
-
-def scan_columns(layout: ArchiveLayout, *, event_times: bool) -> ScanColumns:
-    """The columns the scan of ``layout`` reads; event time columns only with ``event_times`` or
-    where a key's watermark is the max event time of its buffer."""
-    meta: list[tuple[str, str, str | None]] = [("last_chunk", layout.last_chunk, None)]
-    if layout.ingest_ts is not None:
-        meta.append(("ingest", layout.ingest_ts, layout.time_columns[layout.ingest_ts]))
-    if layout.idle is not None:
-        meta.append(("idle", layout.idle, None))
-    for index, key in enumerate(layout.keys):
-        if key.watermark is not None:
-            meta.append((f"wm{index}", key.watermark, layout.time_columns[key.watermark]))
-    events = tuple(
-        (key.event_time, layout.time_columns[key.event_time]) if event_times or key.watermark is None else None
-        for key in layout.keys
-    )
-    return ScanColumns(
-        origin=layout.origin_id,
-        sequence=layout.sequence_number,
-        chunk=layout.chunk_number,
-        key=layout.key,
-        meta=tuple(meta),
-        events=events,
-    )
 
 
 def raw_micros(value: int | None, kind: str | None) -> int | None:

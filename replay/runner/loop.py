@@ -46,7 +46,8 @@ from replay.engine.buffers import scan_buffers
 from replay.engine.copies import Copy, cached_content_hashes
 from replay.engine.file_cache import FileCache
 from replay.engine.inspection import participants_of
-from replay.engine.scan import event_lows, scan_columns
+from replay.engine.scan import event_lows
+from replay.engine.scan_columns import scan_columns
 from replay.engine.spark import driver_arrow_memory, job_progress
 from replay.runner.batch import process
 from replay.runner.context import Batch, RunContext, fault

@@ -15,7 +15,8 @@ import pytest
 from replay.core.config import parse_config
 from replay.engine.archive import inspect_schema
 from replay.engine.file_cache import FileCache, footer_digest
-from replay.engine.scan import ScanColumns, scan_columns, scan_file
+from replay.engine.scan import scan_file
+from replay.engine.scan_columns import ScanColumns, scan_columns
 
 
 def _archive_file(path: Path, values: list[int]) -> None:

@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replay.engine import scan
-from replay.engine.scan import ScanColumns, scan_file
+from replay.engine.scan import scan_file
+from replay.engine.scan_columns import ScanColumns
 
 _COLUMNS = ScanColumns(
     origin="origin_id",

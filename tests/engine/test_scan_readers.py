@@ -15,7 +15,8 @@ from replay.engine import scan as scan_module
 from replay.engine.archive import ArchiveLayout, inspect_schema
 from replay.engine.copies import content_hashes
 from replay.engine.readers import driver_threads
-from replay.engine.scan import scan_columns, scan_file, scan_files
+from replay.engine.scan import scan_file, scan_files
+from replay.engine.scan_columns import scan_columns
 from replay.generate import generate_archive
 from replay.generate_options import GenerateOptions
 

@@ -1,12 +1,12 @@
 """The folders of ``replay/`` are its architecture, and their imports keep it.
 
 Layers, bottom up: ``core`` (the contract in pure Python) < ``store`` (checkpoints, outputs) <
-``engine`` (the Spark data plane) < ``runner`` (the run loop) and ``quality`` (validation,
-report) < the top layer: the top-level modules (the CLI, the public API) and ``driver/`` (the kept
-driver, a server and its commands over the run loop and validation). A layer imports its own folder and
-the layers below it, never above. ``reference`` (the naive model) imports ``core`` alone, and
-no code but the tests imports it: the model the engine is checked against must not share it.
-Every import counts, also inside functions and under ``TYPE_CHECKING``.
+``engine`` (the Spark data plane) < ``runner`` (the run loop) and ``quality`` (validation, report) <
+the top layer: the top-level modules (the public API), ``cli/`` (the command line) and ``driver/``
+(the kept driver, a server and its commands over the run loop and validation). A layer imports its
+own folder and the layers below it, never above. ``reference`` (the naive model) imports ``core``
+alone, and no code but the tests imports it: the model the engine is checked against must not share
+it. Every import counts, also inside functions and under ``TYPE_CHECKING``.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def test_only_the_tests_import_the_reference_model() -> None:
 
 def test_no_flat_module_is_left_beside_the_folders() -> None:
     top = sorted(p.name for p in (ROOT / "replay").glob("*.py"))
-    assert top == ["__init__.py", "__main__.py", "cli.py", "console.py", "generate.py", "generate_options.py"]
+    assert top == ["__init__.py", "__main__.py", "console.py", "generate.py", "generate_options.py"]
 
 
 #: A module of the library past this many lines holds more than one concept: split it, along one.

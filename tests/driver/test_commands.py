@@ -1,11 +1,13 @@
 """``replay driver serve|status|stop`` and ``replay run --driver`` as users run them: each command a
-process of its own, the driver with its own JVM (in the background: ``tests/_background.py``)."""
+process of its own, the driver with its own JVM (in the background: ``tests/_background.py``); and
+a driver killed with SIGKILL in the middle of a run's commit, whose run then resumes in process."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,6 +38,9 @@ class Session:
     serve_code: int | None
     serve_log: str
     record_left: bool
+    lost: subprocess.CompletedProcess[str]
+    killed_code: int | None
+    resumed: subprocess.CompletedProcess[str]
 
 
 def _command(
@@ -60,9 +65,7 @@ def _session() -> Session:
         [*REPLAY, "driver", "serve", "--dir", str(home), "--master", "local[1]"], stderr=log, stdout=log, cwd=elsewhere
     )
     try:
-        deadline = time.monotonic() + 300
-        while not (home / "driver.json").exists() and serve.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _wait_for_record(home, serve)
         first = _command("run", "-c", "job.yaml", "--driver", str(home), cwd=work)
         second = _command(
             "run", "-c", "job.yaml", "--output", "out2", cwd=work, env=os.environ | {"REPLAY_DRIVER": str(home)}
@@ -70,14 +73,12 @@ def _session() -> Session:
         second_serve = _command("driver", "serve", "--dir", str(home))
         status = _command("driver", "status", "--dir", str(home), "--json")
         stop = _command("driver", "stop", "--dir", str(home))
-        try:
-            code: int | None = serve.wait(120)
-        except subprocess.TimeoutExpired:
-            code = None
+        code = _ended(serve)
     finally:
         if serve.poll() is None:
             serve.kill()
         log.close()
+    lost, killed_code, resumed = _killed_in_a_commit(work)
     return Session(
         work,
         [first, second],
@@ -86,12 +87,53 @@ def _session() -> Session:
         stop,
         code,
         (work / "serve.log").read_text(),
-        (home / "driver.json").exists(),
+        (home / "driver.json").exists() or (home / "key").exists(),
+        lost,
+        killed_code,
+        resumed,
     )
 
 
+def _ended(process: subprocess.Popen[str]) -> int | None:
+    try:
+        return process.wait(120)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _wait_for_record(home: Path, serve: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 300
+    while not (home / "driver.json").exists() and serve.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def _killed_in_a_commit(
+    work: Path,
+) -> tuple[subprocess.CompletedProcess[str], int | None, subprocess.CompletedProcess[str]]:
+    """A kept driver killed with SIGKILL in the commit of a run's second batch (the crash tests'
+    ``REPLAY_FAULT`` hook, set in the driver's environment), then the same run in process."""
+    home = work / "home-killed"
+    env = {k: v for k, v in os.environ.items() if k != "REPLAY_DRIVER"}
+    with (work / "serve-killed.log").open("w") as log:
+        serve = subprocess.Popen(
+            [*REPLAY, "driver", "serve", "--dir", str(home), "--master", "local[1]"],
+            stderr=log,
+            stdout=log,
+            env=env | {"REPLAY_FAULT": "during_commit:2"},
+        )
+        try:
+            _wait_for_record(home, serve)
+            lost = _command("run", "-c", "job.yaml", "--output", "out3", "--driver", str(home), cwd=work, env=env)
+            code = _ended(serve)
+        finally:
+            if serve.poll() is None:
+                serve.kill()
+    resumed = _command("run", "-c", "job.yaml", "--output", "out3", cwd=work, env=env)
+    return lost, code, resumed
+
+
 @pytest.mark.background("kept-driver")
-def test_runs_sent_to_a_driver_started_from_the_command_line() -> None:
+def test_runs_sent_to_a_driver_started_from_the_command_line_and_one_killed_in_a_commit() -> None:
     done: Session = _background.result("kept-driver")
     try:
         for result in done.runs:
@@ -108,5 +150,11 @@ def test_runs_sent_to_a_driver_started_from_the_command_line() -> None:
         assert done.serve_code == 0, done.serve_log[-3000:]
         assert not done.record_left
         assert done.serve_log.count(": done in ") == 2
+        # A driver killed in a run's commit: the client says so, and the run in process resumes.
+        assert done.killed_code == -signal.SIGKILL, (work_log := (done.work / "serve-killed.log").read_text())
+        assert done.lost.returncode == 1 and "[driver.lost]" in done.lost.stderr, (done.lost.stderr, work_log)
+        assert done.resumed.returncode == 0, done.resumed.stderr[-3000:]
+        assert "replayed 5 buffers" in done.resumed.stdout and "(resumed)" in done.resumed.stdout  # batch 1 kept
+        assert digest(done.work / "out3") == digest(done.work / "out1")
     finally:
         shutil.rmtree(done.work, ignore_errors=True)

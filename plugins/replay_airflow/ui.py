@@ -275,21 +275,24 @@ def list_replays(mount: str = "") -> dict[str, Any]:
 
 
 def kept_driver() -> dict[str, Any] | None:
-    """The kept driver whose home ``REPLAY_DRIVER`` names: its status (``replay driver status``) and a
-    ``state`` (idle, busy, stopping), or ``not answering`` and why; ``None`` where no home is set."""
+    """The kept driver whose home ``REPLAY_DRIVER`` names: its status (``replay driver status``), a
+    ``state`` (idle, busy, stopping), and ``same_code``, whether it runs this deployment's Replay (it
+    refuses runs otherwise: ``driver.version``); or ``not answering`` and why; ``None`` where no home
+    is set."""
     home = os.environ.get("REPLAY_DRIVER")
     if not home:
         return None
     from replay.core.errors import ReplayError
     from replay.driver.client import driver_status
     from replay.driver.home import DriverHome
+    from replay.driver.wire import code_identity
 
     try:
         status = driver_status(DriverHome(Path(home)), timeout=5)
     except ReplayError as exc:
         return {"home": home, "state": "not answering", "error": exc.message}
     state = "stopping" if status["stopping"] else "busy" if status["running"] else "idle"
-    return {"home": home, "state": state, "error": None, **status}
+    return {"home": home, "state": state, "error": None, "same_code": status.get("code") == code_identity(), **status}
 
 
 @asynccontextmanager

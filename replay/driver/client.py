@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from replay.core.errors import DriverError, Location
 from replay.core.paths import local_path
+from replay.driver import wire
 from replay.driver.home import DriverHome
-from replay.driver.wire import connect
+from replay.driver.wire import code_identity, connect
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -54,16 +55,17 @@ def run_on_driver(
     working directory, not the driver's. Ctrl-C (or this process's end) cancels the run.
 
     Raises:
-        DriverError: no driver answers at ``home`` (``driver.unreachable``), it is stopping
-            (``driver.stopping``), it ended during the run (``driver.lost``), or the run failed
-            there with an unexpected error (``driver.crashed``, its traceback on stderr).
+        DriverError: no driver answers at ``home`` (``driver.unreachable``), it runs other code
+            than this process (``driver.version``: another Replay, or the same one changed since it
+            started), it is stopping (``driver.stopping``), it ended during the run
+            (``driver.lost``), or the run failed there with an unexpected error
+            (``driver.crashed``, its traceback on stderr).
         ConfigError: the job asks for what the driver cannot give (``driver.master``,
             ``driver.static_conf``).
         ReplayError: what the run raised, as in process.
     """
-    summary: RunSummary = _exchange(
-        home, {"op": "run", "job": _absolute(config), "start": start, "end": end}, on_event, "run"
-    )
+    request = wire.request("run", job=_absolute(config), start=start, end=end)
+    summary: RunSummary = _exchange(home, request, on_event, "run")
     return summary
 
 
@@ -78,12 +80,9 @@ def validate_on_driver(
     """``replay.validate(output, version, suites=)`` on the kept driver of ``home``: the same verdict,
     record and Data Docs, the same errors (``run_on_driver``'s ``DriverError`` and ``ReplayError``).
     A relative local ``output`` is this process's."""
-    request = {
-        "op": "validate",
-        "output": _here(str(output)),
-        "version": version,
-        "suites": list(suites) if suites is not None else None,
-    }
+    request = wire.request(
+        "validate", output=_here(str(output)), version=version, suites=list(suites) if suites is not None else None
+    )
     outcome: ValidationOutcome = _exchange(home, request, on_step, "validation")
     return outcome
 
@@ -91,8 +90,9 @@ def validate_on_driver(
 def _exchange(
     home: DriverHome, request: dict[str, Any], on_event: Callable[[str, int, int], None] | None, what: str
 ) -> Any:
-    """Send ``request``, relay its events and log records while it goes, return its summary or raise its error."""
-    conn, _ = _connect(home)
+    """Send ``request`` (``wire.request``), relay its events and log records while it goes, return its
+    summary or raise its error."""
+    conn, details = _connect(home)
     try:
         conn.send(request)
         while True:
@@ -117,6 +117,8 @@ def _exchange(
                 return message["summary"]
             elif "error" in message:
                 raise message["error"]
+            elif "refused" in message:
+                raise _other_code(home, details, message["code"], what)
             else:
                 sys.stderr.write(str(message.get("crash", message)))
                 raise DriverError(
@@ -168,6 +170,18 @@ def _connect(home: DriverHome, within: float = CONNECT_TIMEOUT) -> tuple[Connect
         return connect(address, details["key"], within=within), details
     except (OSError, EOFError, AuthenticationError) as exc:  # refused, silent, reset, or another key
         raise _unreachable(home, details, exc) from exc
+
+
+def _other_code(home: DriverHome, details: dict[str, Any], theirs: str, what: str) -> DriverError:
+    return DriverError(
+        f"the kept driver of {home.path} (process {details.get('pid')}) runs Replay {theirs}, and this "
+        f"command Replay {code_identity()}: the {what} was not sent, since it would run the driver's code",
+        where=Location(file=str(home.record)),
+        code="driver.version",
+        todo=f"restart the driver so that it loads the code installed now ('replay driver stop --dir {home.path}', "
+        "then 'replay driver serve' as before; under ./dev.sh airflow or docker compose, restart its "
+        "replay-driver service), or run without a driver",
+    )
 
 
 def _unreachable(home: DriverHome, details: dict[str, Any], exc: BaseException) -> DriverError:

@@ -21,6 +21,7 @@ import gc
 import itertools
 import logging
 import os
+import pickle
 import socket
 import threading
 import time
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from replay.core.errors import DriverError, ReplayError
 from replay.driver.home import DriverHome
-from replay.driver.wire import handshake, hang_up
+from replay.driver.wire import code_identity, handshake, hang_up
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -96,6 +97,7 @@ class DriverServer:
         self.session = session
         self._key = home.new_key()
         self._handshake_timeout = handshake_timeout
+        self.code = code_identity()  # the code it loaded: runs and validations come from clients of the same
         self._listener = Listener((host, port))  # no authkey: the challenge runs in each connection's thread
         self.address: tuple[str, int] = self._listener.address
         self._stopping = threading.Event()
@@ -122,7 +124,9 @@ class DriverServer:
 
     def serve_forever(self) -> None:
         """Accept connections until ``stop``; each is served in a thread of its own."""
-        log.info("driver ready at %s:%d (master %s)", *self.address, self.session.sparkContext.master)
+        log.info(
+            "driver ready at %s:%d (master %s, Replay %s)", *self.address, self.session.sparkContext.master, self.code
+        )
         try:
             while not self._stopping.is_set():
                 try:
@@ -168,6 +172,7 @@ class DriverServer:
             "pid": os.getpid(),
             "address": f"{self.address[0]}:{self.address[1]}",
             "master": str(self.session.sparkContext.master),
+            "code": self.code,
             "uptime_s": round(time.time() - self._started, 1),
             "runs": served,
             "failed": failed,
@@ -196,7 +201,10 @@ class DriverServer:
                 conn.send({"stopping": True})
                 self.stop(cancel=bool(request.get("cancel")))
             elif op in ("run", "validate"):
-                self._queue(conn, request)
+                if request.get("code") != self.code:  # its body is read only by the same code
+                    conn.send({"refused": "code", "code": self.code})
+                else:
+                    self._queue(conn, {"op": op, **pickle.loads(request["body"])})
             else:
                 conn.send({"crash": f"the driver does not know the request {op!r}"})
         except (EOFError, OSError):

@@ -293,6 +293,10 @@ def test_the_page_shows_the_kept_driver(spark: Any, tmp_path: Path, monkeypatch:
         assert f"<code>{up['master']}</code>" in html and "JVM heap" in html
         busy = page(up | {"state": "busy", "running": {"op": "run", "output": "/o/daily", "since": 0}})
         assert "now: run of <code>/o/daily</code>" in busy
+        assert up["same_code"] and f"Replay <code>{up['code']}</code>" in html and "driver-other-code" not in html
+        monkeypatch.setattr(server, "code", "0.0.9+0123456789ab")  # as after an upgrade of this deployment
+        other = kept_driver()
+        assert other is not None and not other["same_code"] and 'id="driver-other-code"' in page(other)
     finally:
         server.stop()
         thread.join(30)

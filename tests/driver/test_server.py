@@ -9,6 +9,7 @@ import os
 import socket
 import threading
 from collections.abc import Iterator
+from importlib.metadata import version
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Listener
 from pathlib import Path
@@ -21,6 +22,7 @@ from replay.core.errors import ConfigError, DriverError, ReplayError
 from replay.driver.client import _absolute, driver_status, run_on_driver, validate_on_driver
 from replay.driver.home import DriverHome
 from replay.driver.server import DriverServer
+from replay.driver.wire import code_digest, code_identity, request
 from replay.engine.spark import job_session
 from replay.generate import generate_archive
 from replay.generate_options import GenerateOptions
@@ -136,7 +138,7 @@ def test_a_client_that_goes_away_cancels_its_run_and_the_next_resumes(
     before = driver_status(driver.home)
     details = driver.home.details()
     conn = Client((details["host"], details["port"]), authkey=details["key"])
-    conn.send({"op": "run", "job": job(archive, tmp_path / "cut"), "start": None, "end": None})
+    conn.send(request("run", job=job(archive, tmp_path / "cut"), start=None, end=None))
     while "event" not in conn.recv():  # log records may come first
         pass
     conn.close()  # the run has started, and its client goes away
@@ -185,6 +187,45 @@ def test_a_wrong_key_is_refused_and_the_driver_goes_on(archive: Path, tmp_path: 
             driver.home.key_file.write_bytes(details["key"])
     assert refused.value.code == "driver.unreachable"
     assert driver_status(driver.home)["pid"] == os.getpid()
+
+
+def test_a_client_of_other_code_is_refused_before_its_request_is_read(
+    archive: Path, tmp_path: Path, driver: DriverServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After an upgrade the driver still runs the code it loaded: a run or a validation is not sent."""
+    served = driver_status(driver.home)["runs"]
+    monkeypatch.setattr(driver, "code", "0.0.9+0123456789ab")
+    with pytest.raises(DriverError) as run_refused:
+        run_on_driver(driver.home, job(archive, tmp_path / "out"))
+    with pytest.raises(DriverError) as validation_refused:
+        validate_on_driver(driver.home, tmp_path / "out")
+    for refused in (run_refused.value, validation_refused.value):
+        assert refused.code == "driver.version" and refused.exit_code == 1  # a deployment's restart: retried
+        assert "0.0.9+0123456789ab" in refused.message and code_identity() in refused.message
+        assert "restart the driver" in (refused.todo or "")
+    assert not (tmp_path / "out").exists()
+    status = driver_status(driver.home)  # status answers whatever the client's code
+    assert (status["code"], status["runs"]) == ("0.0.9+0123456789ab", served)
+    monkeypatch.undo()
+    assert run_on_driver(driver.home, job(archive, tmp_path / "out")).version == 1
+
+
+def test_the_code_digest_follows_every_file_but_compiled_caches(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "a.py").write_text("x = 1\n")
+    (package / "sub" / "t.html.j2").write_text("<p>")
+    first = code_digest([package])
+    (package / "__pycache__").mkdir()
+    (package / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"compiled")
+    assert code_digest([package]) == first
+    (package / "a.py").write_text("x = 2\n")
+    assert code_digest([package]) != first
+    (package / "a.py").write_text("x = 1\n")
+    assert code_digest([package]) == first
+    (package / "sub" / "t.html.j2").rename(package / "sub" / "u.html.j2")  # the same bytes, renamed
+    assert code_digest([package]) != first
+    assert code_identity().startswith(version("replay") + "+")
 
 
 def test_a_silent_connection_holds_up_no_other_client_and_is_hung_up_on(tmp_path: Path, spark: Any) -> None:

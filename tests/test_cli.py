@@ -114,8 +114,11 @@ def test_entry_point_json_is_pure(tmp_path: Path) -> None:
 
 
 def test_version() -> None:
+    from replay.driver.wire import code_identity
+
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0 and result.stdout.startswith("replay 0.")
+    assert result.stdout.strip() == f"replay {code_identity()}"  # what a kept driver compares
 
 
 @pytest.mark.spark

@@ -31,17 +31,23 @@ app.add_typer(driver_app, name="driver")
 
 
 def _version(value: bool) -> None:
-    if value:
-        from importlib.metadata import version
+    if value:  # the version, and after '+' a digest of the installed code (what a kept driver compares)
+        from replay.driver.wire import code_identity
 
-        typer.echo(f"replay {version('replay')}")
+        typer.echo(f"replay {code_identity()}")
         raise typer.Exit()
 
 
 @app.callback()
 def _main(
     version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+        bool,
+        typer.Option(
+            "--version",
+            callback=_version,
+            is_eager=True,
+            help="Print the version (+ the installed code's digest) and exit.",
+        ),
     ] = False,
 ) -> None:
     """Replay archived stream buffers through PySpark: progress, watermarks and windows."""

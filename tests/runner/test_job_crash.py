@@ -4,7 +4,8 @@
 chosen points (``REPLAY_FAULT=<point>:<batch>`` makes the process kill itself
 there: before the intent, after the intent, after staging, during the commit)
 and at a random moment; the resumed run must give the digest of an uninterrupted
-run, and its checkpoint must hold every buffer exactly once.
+run, and its checkpoint must hold every buffer exactly once. And Spark's own
+retries: task attempts of the pass's writer that fail after writing their files.
 """
 
 from __future__ import annotations
@@ -285,3 +286,72 @@ def test_a_checkpoint_without_an_intact_commit_stops_with_checkpoint_corrupt(arc
         assert again.returncode == 1, (command, again.stderr)
         assert "[checkpoint.corrupt]" in again.stderr and "Traceback" not in again.stderr, again.stderr
         assert "commits" in again.stderr and "new --checkpoint" in again.stderr
+
+
+#: ``replay run`` in a process of its own whose pass writer fails the first attempt of every task
+#: that wrote a file, after writing it (``argv[1]``: the job; ``argv[2]``: a directory for the proof).
+_FLAKY_WRITER = """
+import json, sys
+from pathlib import Path
+import replay.engine.aggregate as aggregate
+
+real, proof = aggregate.sink, sys.argv[2]
+
+def flaky_sink(*args, **kwargs):
+    write = real(*args, **kwargs)
+
+    def flaky(batches):
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        results = list(write(batches))  # the attempt's files are written, and fsynced
+        files = [f for batch in results for f in batch.column("file").to_pylist()]
+        if context.attemptNumber() == 0 and files:
+            name = f"{context.stageId()}-{context.partitionId()}.json"
+            Path(proof, name).write_text(json.dumps(files))
+            raise RuntimeError("injected: this task attempt fails after writing its files")
+        yield from results
+
+    return flaky
+
+aggregate.sink = flaky_sink
+from replay.cli import main
+sys.argv = ["replay", "run", "--config", sys.argv[1]]
+main()
+"""
+
+
+def test_task_attempts_that_fail_after_writing_are_retried_and_leave_no_row_behind(
+    archive: Path, tmp_path: Path, uninterrupted: dict[str, str]
+) -> None:
+    """Spark retries a failed task (``local[2,2]``: two attempts per task). The pass's writer
+    writes its files from the tasks, so a first attempt that wrote its files and then failed must
+    leave none of them behind: only the files the successful attempts return are kept."""
+    job = write_job(tmp_path, archive)
+    settings = yaml.safe_load(job.read_text()) | {"spark": {"master": "local[2,2]"}}
+    job.write_text(yaml.safe_dump(settings))
+    proof = tmp_path / "failed-attempts"
+    proof.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("REPLAY_FAULT", "REPLAY_DRIVER")}
+    done = subprocess.run(
+        [sys.executable, "-c", _FLAKY_WRITER, str(job), str(proof)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    failed = [f for record in proof.iterdir() for f in json.loads(record.read_text())]
+    assert failed, "no task attempt failed: the fault was not injected"
+    assert not [f for f in failed if Path(f).exists()]  # the failed attempts' files are gone
+    config = load_config(job)
+    assert config.output is not None and config.checkpoint is not None
+    found = digest(config.output)
+    assert {t: found[t] for t in DETERMINISTIC} == uninterrupted
+    written = {
+        str(p.relative_to(config.output))
+        for t in ("windows", "late")
+        for p in (Path(config.output) / "data" / t).glob("*")
+    }
+    assert written <= _referenced_outputs(config.output)

@@ -39,11 +39,13 @@ from replay.store.outputs import current_version, latest_run_version, read_manif
 from tests import _background
 from tests._airflow import SPARK_CONF, make_home
 from tests._archives import FEATURED
+from tests._faults import FLAKY_WRITER
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 REPLAY = str(Path(sys.executable).with_name("replay"))
+FLAKY_RUN = [sys.executable, "-c", FLAKY_WRITER]  # ``replay run`` whose pass writer misbehaves (tests/_faults.py)
 DETERMINISTIC = ("windows", "late", "integrity")
 
 
@@ -145,6 +147,10 @@ class ClusterRun:
     kept: subprocess.CompletedProcess[str]  # ``replay run --driver`` on a kept driver whose master is the cluster
     kept_job: Path
     kept_driver_log: str
+    lost: subprocess.CompletedProcess[str]  # ``replay run`` whose executor was killed in its pass's writer
+    lost_job: Path
+    lost_proof: Path
+    worker: Path  # the worker's directory: an application's executors, one directory each
 
 
 @_background.register("cluster")
@@ -188,6 +194,16 @@ def replay_on_a_cluster() -> ClusterRun:
         dag = airflow.dags_test("replay_backfill", conf, check=False, env={"AIRFLOW_CONN_SPARK_MASTER": master})
         kept_job = write_job(work / "kept", archive, max_buffers=7)  # its default local[*]: the driver's master
         kept, kept_log = _on_a_kept_driver(work / "driver-home", master, kept_job, env)
+        lost_job = write_job(work / "lost", archive, max_buffers=7)
+        lost_proof = work / "lost" / "killed"
+        lost_proof.mkdir()
+        lost = subprocess.run(
+            [*FLAKY_RUN, str(lost_job), str(lost_proof), "kill-executor", "--spark-master", master, "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         apps = master_state(ui)["completedapps"]
     try:
         master_state(ui)
@@ -210,6 +226,10 @@ def replay_on_a_cluster() -> ClusterRun:
         kept,
         kept_job,
         kept_log,
+        lost,
+        lost_job,
+        lost_proof,
+        work / "worker",
     )
 
 
@@ -250,12 +270,12 @@ def test_a_replay_on_a_standalone_cluster_equals_a_local_one(tmp_path: Path, spa
         assert summary["batches"] == 2 and summary["windows_emitted"] > 0 and sum(summary["late_tuples"].values()) > 0
         # The CLI's application, then the DAG's spark-submit (named after its DAG run), both with
         # their tasks in the worker's executor.
-        # Then the kept driver's, stopped after the run sent to it.
+        # Then the kept driver's, stopped after the run sent to it, and the run that lost an executor.
         names = sorted((a["name"], a["state"]) for a in done.apps)
-        assert names[0] == ("replay", "FINISHED"), done.apps
-        assert len(names) == 3 and names[1][0].startswith("replay replay_backfill manual__"), done.apps
-        assert names[1][1] == "FINISHED" and all(a["cores"] > 0 for a in done.apps)
-        assert names[2] == ("replay-driver", "FINISHED"), done.apps
+        assert names[:2] == [("replay", "FINISHED")] * 2, done.apps
+        assert len(names) == 4 and names[2][0].startswith("replay replay_backfill manual__"), done.apps
+        assert names[2][1] == "FINISHED" and all(a["cores"] > 0 for a in done.apps)
+        assert names[3] == ("replay-driver", "FINISHED"), done.apps
         # Each pass shuffled into one partition per core of the worker (3). Here the executor
         # registers before the session asks for the cores, so this holds without follow_cores too;
         # where executors come up later (containers) only follow_cores makes it hold
@@ -298,5 +318,20 @@ def test_a_replay_on_a_standalone_cluster_equals_a_local_one(tmp_path: Path, spa
         kept_digests = digest(kept.output)
         assert {t: kept_digests[t] for t in DETERMINISTIC} == {t: local_digests[t] for t in DETERMINISTIC}
         assert "(master spark://127.0.0.1:" in done.kept_driver_log and "driver stopped" in done.kept_driver_log
+
+        # A run whose executor's JVM was killed (SIGKILL) in the pass's writer, after the task had
+        # written its files: the master started another executor, Spark ran the lost work again,
+        # none of the killed attempt's files stayed, and the tables are the same.
+        assert done.lost.returncode == 0, done.lost.stderr[-6000:]
+        killed = [f for record in done.lost_proof.iterdir() for f in json.loads(record.read_text())]
+        assert killed, "no executor was killed: the fault was not injected"
+        assert not [f for f in killed if Path(f).exists()]
+        assert json.loads(done.lost.stdout)["batches"] == 2
+        lost = load_config(done.lost_job)
+        assert lost.output is not None
+        lost_digests = digest(lost.output)
+        assert {t: lost_digests[t] for t in DETERMINISTIC} == {t: local_digests[t] for t in DETERMINISTIC}
+        executors = {app.name: [d.name for d in app.iterdir() if d.name.isdigit()] for app in done.worker.glob("app-*")}
+        assert sorted(len(e) for e in executors.values()) == [1, 1, 1, 2], executors  # one was started again
     finally:
         shutil.rmtree(done.work, ignore_errors=True)

@@ -31,6 +31,7 @@ from replay.runner.loop import run
 from replay.store import state as _state
 from replay.store.checkpoint import CheckpointStore
 from replay.store.digest import digest
+from tests._faults import FLAKY_WRITER
 
 pytestmark = pytest.mark.spark
 
@@ -288,39 +289,6 @@ def test_a_checkpoint_without_an_intact_commit_stops_with_checkpoint_corrupt(arc
         assert "commits" in again.stderr and "new --checkpoint" in again.stderr
 
 
-#: ``replay run`` in a process of its own whose pass writer fails the first attempt of every task
-#: that wrote a file, after writing it (``argv[1]``: the job; ``argv[2]``: a directory for the proof).
-_FLAKY_WRITER = """
-import json, sys
-from pathlib import Path
-import replay.engine.aggregate as aggregate
-
-real, proof = aggregate.sink, sys.argv[2]
-
-def flaky_sink(*args, **kwargs):
-    write = real(*args, **kwargs)
-
-    def flaky(batches):
-        from pyspark import TaskContext
-
-        context = TaskContext.get()
-        results = list(write(batches))  # the attempt's files are written, and fsynced
-        files = [f for batch in results for f in batch.column("file").to_pylist()]
-        if context.attemptNumber() == 0 and files:
-            name = f"{context.stageId()}-{context.partitionId()}.json"
-            Path(proof, name).write_text(json.dumps(files))
-            raise RuntimeError("injected: this task attempt fails after writing its files")
-        yield from results
-
-    return flaky
-
-aggregate.sink = flaky_sink
-from replay.cli import main
-sys.argv = ["replay", "run", "--config", sys.argv[1]]
-main()
-"""
-
-
 def test_task_attempts_that_fail_after_writing_are_retried_and_leave_no_row_behind(
     archive: Path, tmp_path: Path, uninterrupted: dict[str, str]
 ) -> None:
@@ -334,7 +302,7 @@ def test_task_attempts_that_fail_after_writing_are_retried_and_leave_no_row_behi
     proof.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("REPLAY_FAULT", "REPLAY_DRIVER")}
     done = subprocess.run(
-        [sys.executable, "-c", _FLAKY_WRITER, str(job), str(proof)],
+        [sys.executable, "-c", FLAKY_WRITER, str(job), str(proof), "raise"],
         env=env,
         capture_output=True,
         text=True,

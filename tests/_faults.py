@@ -1,0 +1,63 @@
+"""Faults in Spark's tasks, for tests: ``replay run`` in a process of its own whose pass writer
+(``replay.engine.aggregate``'s ``sink``) misbehaves in its first task attempts, after it has
+written and fsynced its files.
+
+    subprocess.run([sys.executable, "-c", FLAKY_WRITER, job, proof, mode, *replay_run_args])
+
+``mode`` ``raise``: every first attempt that wrote a file then fails (Spark retries the task).
+``kill-executor``: the first such attempt of the run kills its executor's JVM with SIGKILL (a lost
+executor: on a standalone cluster the master starts another, and Spark runs the lost work again).
+Each failed attempt leaves ``<proof>/<stage>-<partition>.json``, the files it wrote, to show the
+fault was injected and to check that none of them stays.
+"""
+
+from __future__ import annotations
+
+FLAKY_WRITER = """
+import json, os, signal, sys
+from pathlib import Path
+
+import replay.engine.aggregate as aggregate
+
+real = aggregate.sink
+job, proof, mode = sys.argv[1:4]
+more = sys.argv[4:]
+
+
+def executor_jvm(pid):
+    # The Python worker's parent is PySpark's daemon, whose parent is the executor's JVM.
+    while pid > 1:
+        if b"CoarseGrainedExecutorBackend" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    raise RuntimeError("no executor JVM above this Python worker: kill-executor needs a cluster")
+
+
+def flaky_sink(*args, **kwargs):
+    write = real(*args, **kwargs)
+
+    def flaky(batches):
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        results = list(write(batches))  # the attempt's files are written, and fsynced
+        files = [f for batch in results for f in batch.column("file").to_pylist()]
+        if context.attemptNumber() == 0 and files:
+            record = Path(proof, f"{context.stageId()}-{context.partitionId()}.json")
+            if mode == "raise":
+                record.write_text(json.dumps(files))
+                raise RuntimeError("injected: this task attempt fails after writing its files")
+            if mode == "kill-executor" and not any(Path(proof).iterdir()):
+                record.write_text(json.dumps(files))
+                os.kill(executor_jvm(os.getpid()), signal.SIGKILL)
+        yield from results
+
+    return flaky
+
+
+aggregate.sink = flaky_sink
+from replay.cli import main
+
+sys.argv = ["replay", "run", "--config", job, *more]
+main()
+"""

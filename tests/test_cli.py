@@ -190,3 +190,16 @@ def test_python_dash_m_replay_is_the_replay_command() -> None:
     main = Path(__file__).resolve().parents[1] / "replay" / "__main__.py"
     result = subprocess.run([sys.executable, str(main), "--version"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.startswith("replay 0."), result.stderr
+
+
+@pytest.mark.spark
+def test_an_output_location_that_cannot_be_written_is_a_clear_error(tmp_path: Path, spark: Any) -> None:
+    archive = tmp_path / "archive"
+    assert runner.invoke(app, ["generate", str(archive), *GENERATE]).exit_code == 0
+    (tmp_path / "a-file").write_text("")
+    job = tmp_path / "job.yaml"
+    job.write_text(f"archive: {archive}\noutput: {tmp_path / 'a-file' / 'out'}\n")
+    result = runner.invoke(app, ["run", "--config", str(job)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)  # not a traceback
+    assert "[storage.io]" in result.stderr and "Not a directory" in result.stderr and "a-file" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -12,8 +12,11 @@ the CLI exits with 2 (the same code as a usage error).
 from __future__ import annotations
 
 import dataclasses
+import errno
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, ParamSpec, TypeVar
 
 __all__ = [
     "ArchiveReadError",
@@ -32,7 +35,9 @@ __all__ = [
     "Location",
     "PublicationError",
     "ReplayError",
+    "StorageError",
     "WatermarkRegressionError",
+    "storage_errors",
 ]
 
 
@@ -227,3 +232,42 @@ class DriverError(ReplayError):
 
     code = "driver.error"
     exit_code = 1
+
+
+class StorageError(ReplayError):
+    """A file Replay reads or writes could not be: a location that is not a directory, no
+    permission, no space left. Operational: the run can be retried once the storage is fixed."""
+
+    code = "storage.io"
+    exit_code = 1
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def storage_errors(after: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """Turn an ``OSError`` about a file (one that names it) raised by the decorated command into a
+    ``StorageError`` naming the file, the system's reason, and ``after``: what is left, such as
+    "nothing of the batch in progress was committed"."""
+
+    def decorate(command: Callable[_P, _R]) -> Callable[_P, _R]:
+        @functools.wraps(command)
+        def guarded(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            try:
+                return command(*args, **kwargs)
+            except OSError as exc:
+                if exc.filename is None:
+                    raise
+                reason = exc.strerror or str(exc)
+                name = errno.errorcode.get(exc.errno or 0)
+                raise StorageError(
+                    f"{exc.filename}: {reason}" + (f" ({name})" if name else "") + f"; {after}",
+                    where=Location(file=str(exc.filename)),
+                    todo="make sure the archive can be read and the output and checkpoint locations are "
+                    "directories this user can write, on a disk with free space, then run the command again",
+                ) from exc
+
+        return guarded
+
+    return decorate

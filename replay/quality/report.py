@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from replay.core.errors import storage_errors
 from replay.core.timeutil import format_ts
 from replay.quality.charts import REASON_COLOURS
 from replay.quality.report_tables import (
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = ["write_report"]
 
 
+@storage_errors("the report may be incomplete: write it again")
 def write_report(
     output: str | Path, checkpoint: str | Path | None, to: str | Path, *, version: int | None = None
 ) -> Path:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replay.core.config import JobConfig
-from replay.core.errors import CheckpointStateError, ConfigError, Location, ReplayError
+from replay.core.errors import CheckpointStateError, ConfigError, Location, ReplayError, storage_errors
 from replay.store.outputs import (
     TABLES,
     Manifest,
@@ -194,6 +194,7 @@ def _prune_history(gx_root: Path, keep: int) -> bool:
     return pruned
 
 
+@storage_errors("no verdict was written on the version")
 def validate(
     output: str | Path,
     version: int | None = None,

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replay.core.config import JobConfig
-from replay.core.errors import ConfigError, Location, ReplayError
+from replay.core.errors import ConfigError, Location, ReplayError, storage_errors
 from replay.core.paths import local_path
 from replay.core.timeutil import format_ts
 from replay.engine.archive import (
@@ -85,6 +85,7 @@ def default_checkpoint(output: str, start: int | None, end: int | None) -> str:
 # --------------------------------------------------------------------------- the run
 
 
+@storage_errors("nothing of the batch in progress was committed, and the next run resumes from the checkpoint")
 def run(
     config: JobConfig,
     *,

@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 
 from replay.core.config import JobConfig
-from replay.core.errors import Location, PublicationError
+from replay.core.errors import Location, PublicationError, storage_errors
 from replay.store.durable import fsync_dir
 from replay.store.outputs import (
     Manifest,
@@ -191,6 +191,7 @@ def _retain(output: Path, keep: int, current: int) -> tuple[int, ...]:
     return tuple(removed)
 
 
+@storage_errors("the current publication is switched in one atomic step: it is the previous version or this one")
 def publish(output: str | Path, version: int | None = None, *, retain_versions: int | None = None) -> PublishOutcome:
     """Publish ``version`` of ``output`` (default: the newest run's version).
 

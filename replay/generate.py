@@ -39,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from replay.core.errors import storage_errors
 from replay.core.timeutil import MICROS_PER_SECOND
 from replay.generate_options import GenerateOptions, GenerateSummary, origin_tuples
 
@@ -87,6 +88,7 @@ def _separate_copies(order: np.ndarray, ident: np.ndarray) -> np.ndarray:
     return np.asarray(items, dtype=order.dtype)
 
 
+@storage_errors("the archive may be incomplete: generate it again into an empty directory")
 def generate_archive(
     out: str | Path, options: GenerateOptions, *, progress: Callable[[int, int], None] | None = None
 ) -> GenerateSummary:

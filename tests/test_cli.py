@@ -203,3 +203,5 @@ def test_an_output_location_that_cannot_be_written_is_a_clear_error(tmp_path: Pa
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit)  # not a traceback
     assert "[storage.io]" in result.stderr and "Not a directory" in result.stderr and "a-file" in result.stderr
     assert "Traceback" not in result.stderr
+    generated = runner.invoke(app, ["generate", str(tmp_path / "a-file" / "archive"), *GENERATE])
+    assert generated.exit_code == 1 and "[storage.io]" in generated.stderr and "generate it again" in generated.stderr

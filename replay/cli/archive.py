@@ -75,6 +75,8 @@ def generate(
     with Steps({"tuples": "writing tuples"}) as steps:
         try:
             summary = generate_archive(out, options, progress=lambda done, total: steps("tuples", done, total))
+        except ReplayError as error:
+            raise failure(error) from error
         except ValueError as exc:
             typer.echo(f"replay: error: {exc}", err=True)
             raise typer.Exit(2) from exc

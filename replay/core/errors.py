@@ -264,8 +264,8 @@ def storage_errors(after: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]
                 raise StorageError(
                     f"{exc.filename}: {reason}" + (f" ({name})" if name else "") + f"; {after}",
                     where=Location(file=str(exc.filename)),
-                    todo="make sure the archive can be read and the output and checkpoint locations are "
-                    "directories this user can write, on a disk with free space, then run the command again",
+                    todo="make sure the directories on this path are directories, that this user may read and "
+                    "write there, and that the disk has free space; then run the command again",
                 ) from exc
 
         return guarded

@@ -7,6 +7,7 @@ written and fsynced its files.
 ``mode`` ``raise``: every first attempt that wrote a file then fails (Spark retries the task).
 ``kill-executor``: the first such attempt of the run kills its executor's JVM with SIGKILL (a lost
 executor: on a standalone cluster the master starts another, and Spark runs the lost work again).
+``hang``: the first such attempt waits (ten minutes), so that a test can interrupt the run there.
 Each failed attempt leaves ``<proof>/<stage>-<partition>.json``, the files it wrote, to show the
 fault was injected and to check that none of them stays.
 """
@@ -14,7 +15,7 @@ fault was injected and to check that none of them stays.
 from __future__ import annotations
 
 FLAKY_WRITER = """
-import json, os, signal, sys
+import json, os, signal, sys, time
 from pathlib import Path
 
 import replay.engine.aggregate as aggregate
@@ -50,6 +51,9 @@ def flaky_sink(*args, **kwargs):
             if mode == "kill-executor" and not any(Path(proof).iterdir()):
                 record.write_text(json.dumps(files))
                 os.kill(executor_jvm(os.getpid()), signal.SIGKILL)
+            if mode == "hang" and not any(Path(proof).iterdir()):
+                record.write_text(json.dumps(files))
+                time.sleep(600)
         yield from results
 
     return flaky

@@ -9,9 +9,11 @@ configuration errors.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -74,4 +76,60 @@ def main() -> None:
     from replay.engine.spark import driver_arrow_memory
 
     driver_arrow_memory()  # before any Arrow memory is taken: see its docstring
-    app()
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_not_an_interrupt)
+    try:  # click's own handling, but Ctrl-C says what it left
+        code = app(standalone_mode=False)
+    except KeyboardInterrupt:
+        _interrupted()
+    except Exception as exc:
+        if _after_an_interrupt(exc):  # the JVM's connection, broken by the interrupt, failed the clean-up
+            _interrupted()
+        show, exit_code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
+        if not callable(show) or not isinstance(exit_code, int):
+            raise
+        show()  # a usage error (click's ClickException, known by its interface), as click shows it
+        sys.exit(exit_code)
+    if code == _INTERRUPTED:  # typer's answer to a Ctrl-C
+        _interrupted()
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+
+
+def _interrupted() -> NoReturn:
+    """Stop Spark (its cancelled jobs, its Python workers) before saying so and exiting: left to the
+    interpreter's exit, the JVM and the workers would log their own ends after the message."""
+    if "pyspark" in sys.modules:
+        from pyspark import SparkContext
+
+        with contextlib.suppress(Exception, KeyboardInterrupt):  # a broken connection, a second Ctrl-C
+            context = SparkContext._active_spark_context
+            if context is not None:
+                context.stop()
+    typer.echo(
+        "replay: interrupted. What was committed stays: nothing of a batch in progress was, and the next "
+        "run resumes from the checkpoint; a validation in progress wrote no verdict.",
+        err=True,
+    )
+    sys.exit(_INTERRUPTED)
+
+
+def _after_an_interrupt(error: BaseException | None) -> bool:
+    """Whether ``error`` is a Ctrl-C, or was raised while one was being handled."""
+    while error is not None:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _not_an_interrupt(record: logging.LogRecord) -> bool:
+    """py4j logs a Ctrl-C that came during a call to the JVM as errors with their tracebacks (the
+    interrupt, and the connection it broke), and its retries on the root logger at INFO, tracebacks
+    too: the command says it was interrupted instead. py4j's own logger is at WARNING already."""
+    from_py4j = record.name.startswith("py4j") or "py4j" in Path(record.pathname).parts
+    if not from_py4j:
+        return True
+    return record.levelno >= logging.WARNING and not (record.exc_info and _after_an_interrupt(record.exc_info[1]))

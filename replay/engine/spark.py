@@ -12,6 +12,7 @@ import functools
 import importlib
 import os
 import shutil
+import signal
 import socket
 import sys
 import threading
@@ -200,8 +201,29 @@ def get_session(settings: SparkSettings | None = None, *, app_name: str = "repla
         _import_ahead()
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    _cancel_on_interrupt(session)
     _choose_per_core(session, conf)
     return session
+
+
+def _cancel_on_interrupt(session: SparkSession) -> None:
+    """Ctrl-C (SIGINT) cancels the session's Spark jobs and interrupts the main thread, as PySpark's
+    own handler does, but cancels from a thread of its own. PySpark's handler calls the JVM from the
+    interrupted thread, in the middle of that thread's own call, and py4j then logs the clash as
+    errors with their tracebacks ("reentrant call") before the interrupt comes through."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        return
+    context = session.sparkContext
+
+    def cancel() -> None:
+        with contextlib.suppress(Exception):  # a JVM already gone: nothing to cancel
+            context.cancelAllJobs()
+
+    def interrupted(signum: int, frame: object) -> None:
+        threading.Thread(target=cancel, name="replay-cancel", daemon=True).start()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupted)
 
 
 def _choose_per_core(session: SparkSession, given: Mapping[str, str]) -> None:

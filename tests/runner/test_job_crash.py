@@ -323,3 +323,32 @@ def test_task_attempts_that_fail_after_writing_are_retried_and_leave_no_row_behi
         for p in (Path(config.output) / "data" / t).glob("*")
     }
     assert written <= _referenced_outputs(config.output)
+
+
+def test_ctrl_c_in_the_pass_says_what_it_left_and_the_next_run_resumes(
+    archive: Path, tmp_path: Path, spark: Any, uninterrupted: dict[str, str]
+) -> None:
+    """SIGINT, as a terminal's Ctrl-C, while the pass's writer is at work: the command cancels its
+    Spark jobs, says what it left, exits 130 without a traceback, and the next run resumes."""
+    job = write_job(tmp_path, archive)
+    proof = tmp_path / "hanging"
+    proof.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("REPLAY_FAULT", "REPLAY_DRIVER")}
+    command = [sys.executable, "-c", FLAKY_WRITER, str(job), str(proof), "hang"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not any(proof.iterdir()) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert any(proof.iterdir()), "the pass's writer never started"
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err[-4000:]
+    assert "replay: interrupted. What was committed stays" in err and "next run resumes from the checkpoint" in err
+    assert "KeyboardInterrupt" not in err and "Py4J" not in err, err[-4000:]  # no traceback of the driver's
+    config = load_config(job)
+    assert CheckpointStore(tmp_path / "ckpt").commits() == []  # the pass commits after its action
+    summary = run(config, spark=spark)
+    assert summary.resumed
+    assert config.output is not None
+    found = digest(config.output)
+    assert {t: found[t] for t in DETERMINISTIC} == uninterrupted

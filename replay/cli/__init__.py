@@ -3,8 +3,9 @@ makes, its errors and exit code, in a module per group of commands (``archive``,
 ``quality``, ``jvm``; the kept driver's in ``replay.driver.commands``); this module makes the app.
 What a command shows, progress bars, tables and summaries, is ``replay.console``'s.
 
-Exit codes: 0 success, 1 a run or analysis that failed on the data (message on stderr), 2 usage or
-configuration errors.
+Exit codes: 0 success, 1 a run or analysis that failed on the data, or an operational error (storage,
+kept driver), with its message on stderr; 2 usage or configuration errors; 130 interrupted (Ctrl-C),
+after saying what was left.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def main() -> None:
 
     driver_arrow_memory()  # before any Arrow memory is taken: see its docstring
     for handler in logging.getLogger().handlers:
-        handler.addFilter(_not_an_interrupt)
+        handler.addFilter(_without_py4j_noise)
     try:  # click's own handling, but Ctrl-C says what it left
         code = app(standalone_mode=False)
     except KeyboardInterrupt:
@@ -125,7 +126,7 @@ def _after_an_interrupt(error: BaseException | None) -> bool:
     return False
 
 
-def _not_an_interrupt(record: logging.LogRecord) -> bool:
+def _without_py4j_noise(record: logging.LogRecord) -> bool:
     """py4j logs a Ctrl-C that came during a call to the JVM as errors with their tracebacks (the
     interrupt, and the connection it broke), and its retries on the root logger at INFO, tracebacks
     too: the command says it was interrupted instead. py4j's own logger is at WARNING already."""

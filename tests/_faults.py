@@ -8,14 +8,21 @@ written and fsynced its files.
 ``kill-executor``: the first such attempt of the run kills its executor's JVM with SIGKILL (a lost
 executor: on a standalone cluster the master starts another, and Spark runs the lost work again).
 ``hang``: the first such attempt waits (ten minutes), so that a test can interrupt the run there.
+``enospc``: every attempt that wrote a file then fails with the ``OSError`` of a full disk on it.
 Each failed attempt leaves ``<proof>/<stage>-<partition>.json``, the files it wrote, to show the
 fault was injected and to check that none of them stays.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 FLAKY_WRITER = """
-import json, os, signal, sys, time
+import errno, json, os, signal, sys, time
 from pathlib import Path
 
 import replay.engine.aggregate as aggregate
@@ -43,7 +50,7 @@ def flaky_sink(*args, **kwargs):
         context = TaskContext.get()
         results = list(write(batches))  # the attempt's files are written, and fsynced
         files = [f for batch in results for f in batch.column("file").to_pylist()]
-        if context.attemptNumber() == 0 and files:
+        if (context.attemptNumber() == 0 or mode == "enospc") and files:
             record = Path(proof, f"{context.stageId()}-{context.partitionId()}.json")
             if mode == "raise":
                 record.write_text(json.dumps(files))
@@ -51,6 +58,9 @@ def flaky_sink(*args, **kwargs):
             if mode == "kill-executor" and not any(Path(proof).iterdir()):
                 record.write_text(json.dumps(files))
                 os.kill(executor_jvm(os.getpid()), signal.SIGKILL)
+            if mode == "enospc":
+                record.write_text(json.dumps(files))
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), files[0])
             if mode == "hang" and not any(Path(proof).iterdir()):
                 record.write_text(json.dumps(files))
                 time.sleep(600)
@@ -65,3 +75,21 @@ from replay.cli import main
 sys.argv = ["replay", "run", "--config", job, *more]
 main()
 """
+
+
+def flaky_run(job: Path, mode: str, *more: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """``replay run --config job *more`` with ``FLAKY_WRITER`` in ``mode``, in a process of its own
+    (no ``REPLAY_FAULT`` or ``REPLAY_DRIVER`` of the caller's): the process, and the files the
+    failed attempts wrote (their proof, next to the job)."""
+    proof = job.parent / f"faults-{mode}"
+    proof.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("REPLAY_FAULT", "REPLAY_DRIVER")}
+    done = subprocess.run(
+        [sys.executable, "-c", FLAKY_WRITER, str(job), str(proof), mode, *more],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    return done, sorted(f for record in proof.iterdir() for f in json.loads(record.read_text()))

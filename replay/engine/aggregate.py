@@ -48,7 +48,7 @@ from replay.core.config import JobConfig
 from replay.engine import pass_counts, pass_query
 from replay.engine.archive import ArchiveLayout
 from replay.engine.passes import PassWork, SpecCounts, WorkResult
-from replay.engine.sink import RESULT_SCHEMA, Written, keep_only, sink
+from replay.engine.sink import RESULT_SCHEMA, Written, keep_only, sink, storage_failure
 from replay.engine.spark import follow_cores
 
 if TYPE_CHECKING:
@@ -89,7 +89,13 @@ def run_pass(
         }
     parts = query.parts
     with _static_plan(spark):
-        rows = query.union.mapInArrow(sink(parts, query.ids), RESULT_SCHEMA).collect()
+        try:
+            rows = query.union.mapInArrow(sink(parts, query.ids), RESULT_SCHEMA).collect()
+        except Exception as exc:  # a task that could not write: reported as the storage error it is
+            failure = storage_failure(exc)
+            if failure is None:
+                raise
+            raise failure from exc
     written = [Written.from_row(r.asDict()) for r in rows]
     keep_only([p.directory for p in parts.values()], written)
     observed_counts: dict[str, Any] = dict(query.metrics.get) if query.metrics is not None else {}

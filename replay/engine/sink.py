@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 
-__all__ = ["RESULT_SCHEMA", "Part", "Written", "keep_only", "sink"]
+__all__ = ["RESULT_SCHEMA", "Part", "Written", "keep_only", "sink", "storage_failure"]
 
 RESULT_SCHEMA = "part string, file string, rows long, owned long, firsts string"
 
@@ -222,3 +223,19 @@ def keep_only(directories: Sequence[str], written: Sequence[Written]) -> None:
             os.fsync(descriptor)
         finally:
             os.close(descriptor)
+
+
+# How a Python ``OSError`` about a file reads at the end of a Spark task's traceback, as the driver
+# gets it: ``OSError: [Errno 28] No space left on device: '/data/out/...parquet'``.
+_TASK_OS_ERROR = re.compile(r"(?m)^\s*(?:\w+\.)*\w*Error: \[Errno (\d+)\] ([^\n]+?): '([^'\n]+)'\s*$")
+
+
+def storage_failure(error: Exception) -> OSError | None:
+    """The ``OSError`` about a file that failed a writing task (a full disk, no permission), as the
+    driver's own ``OSError``, so that the command reports it as any other (``storage.io``); ``None``
+    when ``error`` is another failure."""
+    found = _TASK_OS_ERROR.findall(str(error))
+    if not found:
+        return None
+    number, reason, path = found[-1]
+    return OSError(int(number), reason, path)

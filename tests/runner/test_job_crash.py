@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from replay.runner.loop import run
 from replay.store import state as _state
 from replay.store.checkpoint import CheckpointStore
 from replay.store.digest import digest
-from tests._faults import FLAKY_WRITER
+from tests._faults import FLAKY_WRITER, flaky_run
 
 pytestmark = pytest.mark.spark
 
@@ -298,19 +299,8 @@ def test_task_attempts_that_fail_after_writing_are_retried_and_leave_no_row_behi
     job = write_job(tmp_path, archive)
     settings = yaml.safe_load(job.read_text()) | {"spark": {"master": "local[2,2]"}}
     job.write_text(yaml.safe_dump(settings))
-    proof = tmp_path / "failed-attempts"
-    proof.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("REPLAY_FAULT", "REPLAY_DRIVER")}
-    done = subprocess.run(
-        [sys.executable, "-c", FLAKY_WRITER, str(job), str(proof), "raise"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    done, failed = flaky_run(job, "raise")
     assert done.returncode == 0, done.stderr[-4000:]
-    failed = [f for record in proof.iterdir() for f in json.loads(record.read_text())]
     assert failed, "no task attempt failed: the fault was not injected"
     assert not [f for f in failed if Path(f).exists()]  # the failed attempts' files are gone
     config = load_config(job)
@@ -349,6 +339,28 @@ def test_ctrl_c_in_the_pass_says_what_it_left_and_the_next_run_resumes(
     assert CheckpointStore(tmp_path / "ckpt").commits() == []  # the pass commits after its action
     summary = run(config, spark=spark)
     assert summary.resumed
+    assert config.output is not None
+    found = digest(config.output)
+    assert {t: found[t] for t in DETERMINISTIC} == uninterrupted
+
+
+def test_a_full_disk_in_the_pass_s_writer_is_a_storage_error_and_the_next_run_resumes(
+    archive: Path, tmp_path: Path, spark: Any, uninterrupted: dict[str, str]
+) -> None:
+    """The pass's tables are written in Spark's tasks: the disk filling up there reaches the driver
+    as a task failure, and the command reports it as the storage error it is, with the file."""
+    job = write_job(tmp_path, archive)
+    done, failed = flaky_run(job, "enospc")
+    assert failed, "no task met the full disk: the fault was not injected"
+    assert done.returncode == 1, done.stderr[-4000:]
+    message = done.stderr[done.stderr.index("replay: error: ") :]
+    assert "[storage.io]" in message and "No space left on device (ENOSPC)" in message, message
+    assert any(f in message for f in failed) and "nothing of the batch in progress was committed" in message
+    # No traceback of the command's (Spark's own log of the failed task quotes the worker's, in a line of its own).
+    assert not re.search(r"(?m)^Traceback", done.stderr), done.stderr[-4000:]
+    assert CheckpointStore(tmp_path / "ckpt").commits() == []
+    config = load_config(job)
+    assert run(config, spark=spark).resumed
     assert config.output is not None
     found = digest(config.output)
     assert {t: found[t] for t in DETERMINISTIC} == uninterrupted

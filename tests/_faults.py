@@ -77,19 +77,29 @@ main()
 """
 
 
-def flaky_run(job: Path, mode: str, *more: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
-    """``replay run --config job *more`` with ``FLAKY_WRITER`` in ``mode``, in a process of its own
-    (no ``REPLAY_FAULT`` or ``REPLAY_DRIVER`` of the caller's): the process, and the files the
-    failed attempts wrote (their proof, next to the job)."""
+def flaky_command(job: Path, mode: str, *more: str) -> tuple[list[str], Path]:
+    """The command of ``replay run --config job *more`` with ``FLAKY_WRITER`` in ``mode``, and the
+    directory (next to the job, made here) where its failed attempts leave their proof."""
     proof = job.parent / f"faults-{mode}"
     proof.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("REPLAY_FAULT", "REPLAY_DRIVER")}
-    done = subprocess.run(
-        [sys.executable, "-c", FLAKY_WRITER, str(job), str(proof), mode, *more],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    return done, sorted(f for record in proof.iterdir() for f in json.loads(record.read_text()))
+    return [sys.executable, "-c", FLAKY_WRITER, str(job), str(proof), mode, *more], proof
+
+
+def flaky_env() -> dict[str, str]:
+    """This environment without a ``REPLAY_FAULT`` or ``REPLAY_DRIVER`` of the caller's."""
+    return {k: v for k, v in os.environ.items() if k not in ("REPLAY_FAULT", "REPLAY_DRIVER")}
+
+
+def proven(proof: Path) -> list[str]:
+    """The files the failed attempts wrote, as their proofs in ``proof`` list them."""
+    return sorted(f for record in proof.iterdir() for f in json.loads(record.read_text()))
+
+
+def flaky_run(
+    job: Path, mode: str, *more: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """``flaky_command`` run to its end in a process of its own (in ``env``, else ``flaky_env``): the
+    process, and the files the failed attempts wrote."""
+    command, proof = flaky_command(job, mode, *more)
+    done = subprocess.run(command, env=env or flaky_env(), capture_output=True, text=True, timeout=600, check=False)
+    return done, proven(proof)

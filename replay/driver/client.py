@@ -17,7 +17,6 @@ from replay.core.errors import DriverError, Location
 from replay.core.paths import local_path
 from replay.driver import wire
 from replay.driver.home import DriverHome
-from replay.driver.wire import code_identity, connect
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -167,7 +166,7 @@ def _connect(home: DriverHome, within: float = CONNECT_TIMEOUT) -> tuple[Connect
     details = home.details()
     address = (details["host"], int(details["port"]))
     try:
-        return connect(address, details["key"], within=within), details
+        return wire.connect(address, details["key"], within=within), details
     except (OSError, EOFError, AuthenticationError) as exc:  # refused, silent, reset, or another key
         raise _unreachable(home, details, exc) from exc
 
@@ -175,7 +174,7 @@ def _connect(home: DriverHome, within: float = CONNECT_TIMEOUT) -> tuple[Connect
 def _other_code(home: DriverHome, details: dict[str, Any], theirs: str, what: str) -> DriverError:
     return DriverError(
         f"the kept driver of {home.path} (process {details.get('pid')}) runs Replay {theirs}, and this "
-        f"command Replay {code_identity()}: the {what} was not sent, since it would run the driver's code",
+        f"command Replay {wire.code_identity()}: the {what} was not sent, since it would run the driver's code",
         where=Location(file=str(home.record)),
         code="driver.version",
         todo=f"restart the driver so that it loads the code installed now ('replay driver stop --dir {home.path}', "

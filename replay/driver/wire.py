@@ -86,23 +86,18 @@ def handshake(conn: Connection, key: bytes, *, server: bool, within: float) -> N
             answer_challenge(conn, key)
             deliver_challenge(conn, key)
     except (EOFError, OSError) as exc:
-        if _settle(state, over, timer) == "late":
-            raise HandshakeTimeout(f"no answer to the key challenge in {within:g} s") from exc
-        raise
-    except BaseException:
-        _settle(state, over, timer)
-        raise
-    if _settle(state, over, timer) == "late":  # it passed as the bound hung up
-        raise HandshakeTimeout(f"no answer to the key challenge in {within:g} s")
-
-
-def _settle(state: threading.Lock, over: list[str], timer: threading.Timer) -> str:
-    """End the race with the bound's timer: how the challenge ended (\"done\" or \"late\")."""
-    with state:
-        if not over:
-            over.append("done")
-    timer.cancel()
-    return over[0]
+        failure: BaseException | None = exc
+    else:
+        failure = None  # it may still have passed just as the bound hung up
+    finally:
+        with state:  # the race with the bound's timer ends here
+            if not over:
+                over.append("done")
+        timer.cancel()
+    if over == ["late"]:
+        raise HandshakeTimeout(f"no answer to the key challenge in {within:g} s") from failure
+    if failure is not None:
+        raise failure
 
 
 def hang_up(conn: Connection) -> None:

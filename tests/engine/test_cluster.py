@@ -39,13 +39,12 @@ from replay.store.outputs import current_version, latest_run_version, read_manif
 from tests import _background
 from tests._airflow import SPARK_CONF, make_home
 from tests._archives import FEATURED
-from tests._faults import FLAKY_WRITER
+from tests._faults import flaky_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 REPLAY = str(Path(sys.executable).with_name("replay"))
-FLAKY_RUN = [sys.executable, "-c", FLAKY_WRITER]  # ``replay run`` whose pass writer misbehaves (tests/_faults.py)
 DETERMINISTIC = ("windows", "late", "integrity")
 
 
@@ -149,7 +148,7 @@ class ClusterRun:
     kept_driver_log: str
     lost: subprocess.CompletedProcess[str]  # ``replay run`` whose executor was killed in its pass's writer
     lost_job: Path
-    lost_proof: Path
+    killed: list[str]  # the files the task that killed its executor had written
     worker: Path  # the worker's directory: an application's executors, one directory each
 
 
@@ -195,15 +194,7 @@ def replay_on_a_cluster() -> ClusterRun:
         kept_job = write_job(work / "kept", archive, max_buffers=7)  # its default local[*]: the driver's master
         kept, kept_log = _on_a_kept_driver(work / "driver-home", master, kept_job, env)
         lost_job = write_job(work / "lost", archive, max_buffers=7)
-        lost_proof = work / "lost" / "killed"
-        lost_proof.mkdir()
-        lost = subprocess.run(
-            [*FLAKY_RUN, str(lost_job), str(lost_proof), "kill-executor", "--spark-master", master, "--json"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        lost, killed = flaky_run(lost_job, "kill-executor", "--spark-master", master, "--json", env=env)
         apps = master_state(ui)["completedapps"]
     try:
         master_state(ui)
@@ -228,7 +219,7 @@ def replay_on_a_cluster() -> ClusterRun:
         kept_log,
         lost,
         lost_job,
-        lost_proof,
+        killed,
         work / "worker",
     )
 
@@ -323,9 +314,8 @@ def test_a_replay_on_a_standalone_cluster_equals_a_local_one(tmp_path: Path, spa
         # written its files: the master started another executor, Spark ran the lost work again,
         # none of the killed attempt's files stayed, and the tables are the same.
         assert done.lost.returncode == 0, done.lost.stderr[-6000:]
-        killed = [f for record in done.lost_proof.iterdir() for f in json.loads(record.read_text())]
-        assert killed, "no executor was killed: the fault was not injected"
-        assert not [f for f in killed if Path(f).exists()]
+        assert done.killed, "no executor was killed: the fault was not injected"
+        assert not [f for f in done.killed if Path(f).exists()]
         assert json.loads(done.lost.stdout)["batches"] == 2
         lost = load_config(done.lost_job)
         assert lost.output is not None

@@ -32,7 +32,7 @@ from replay.runner.loop import run
 from replay.store import state as _state
 from replay.store.checkpoint import CheckpointStore
 from replay.store.digest import digest
-from tests._faults import FLAKY_WRITER, flaky_run
+from tests._faults import flaky_command, flaky_env, flaky_run
 
 pytestmark = pytest.mark.spark
 
@@ -321,11 +321,8 @@ def test_ctrl_c_in_the_pass_says_what_it_left_and_the_next_run_resumes(
     """SIGINT, as a terminal's Ctrl-C, while the pass's writer is at work: the command cancels its
     Spark jobs, says what it left, exits 130 without a traceback, and the next run resumes."""
     job = write_job(tmp_path, archive)
-    proof = tmp_path / "hanging"
-    proof.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("REPLAY_FAULT", "REPLAY_DRIVER")}
-    command = [sys.executable, "-c", FLAKY_WRITER, str(job), str(proof), "hang"]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command, proof = flaky_command(job, "hang")
+    process = subprocess.Popen(command, env=flaky_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not any(proof.iterdir()) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -63,9 +64,16 @@ def archive(tuples: int, buffer_tuples: int, files: int = 8) -> Path:
 
 
 def measure(args: list[str]) -> tuple[float, int, int, str]:
-    """Run a command; return wall seconds, peak Python RSS, peak JVM RSS (bytes) and stdout."""
+    """Run a command; return wall seconds, peak Python RSS, peak JVM RSS (bytes) and stdout.
+
+    The wall time runs until every process the command started has ended, not only the command's
+    own: a PySpark script's JVM goes on (stopping its SparkContext in a shutdown hook) after the
+    script has returned, unless the script waits for it as ``replay`` does. Every command, Replay's
+    and the baselines', is timed to the end of its JVM, so none runs on the cores of the next.
+    (Reading the command's output to its end already waited for a JVM that kept it open; the
+    session's end also covers one that does not.)"""
     start = time.perf_counter()
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     watched = psutil.Process(proc.pid)
     py_peak = jvm_peak = 0
     while proc.poll() is None:
@@ -78,9 +86,22 @@ def measure(args: list[str]) -> tuple[float, int, int, str]:
             pass
         time.sleep(0.05)
     out = proc.stdout.read() if proc.stdout else ""
+    while _session_alive(proc.pid):
+        time.sleep(0.02)
     if proc.returncode not in (0, 1):
         raise SystemExit(f"{args} exited with {proc.returncode}")
     return time.perf_counter() - start, py_peak, jvm_peak, out
+
+
+def _session_alive(session: int) -> bool:
+    """Whether a process of ``session`` (a command started in a session of its own) still runs."""
+    for process in psutil.process_iter():
+        try:
+            if os.getsid(process.pid) == session and process.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (psutil.Error, OSError):
+            continue
+    return False
 
 
 def bench_inspect(sizes: list[tuple[int, int]]) -> str:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -205,3 +207,37 @@ def test_an_output_location_that_cannot_be_written_is_a_clear_error(tmp_path: Pa
     assert "Traceback" not in result.stderr
     generated = runner.invoke(app, ["generate", str(tmp_path / "a-file" / "archive"), *GENERATE])
     assert generated.exit_code == 1 and "[storage.io]" in generated.stderr and "generate it again" in generated.stderr
+
+
+@pytest.mark.spark
+def test_a_run_s_spark_ends_with_the_command(tmp_path: Path, spark: Any) -> None:
+    """When ``replay run`` returns, its JVM and Spark's Python workers have ended: the application
+    (a cluster's executors, the event log) is not left to end after the command, on the cores of
+    whatever runs next. Every process the command starts is in its session."""
+    import psutil
+
+    archive = tmp_path / "archive"
+    assert runner.invoke(app, ["generate", str(archive), *GENERATE]).exit_code == 0
+    job = tmp_path / "job.yaml"
+    job.write_text(f"archive: {archive}\noutput: {tmp_path / 'out'}\ncheckpoint: {tmp_path / 'ckpt'}\n")
+    command = subprocess.Popen(
+        [sys.executable, "-m", "replay.cli", "run", "--config", str(job), "--max-buffers", "20"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    started: dict[int, str] = {}  # what the command started while it ran, by pid
+    while command.poll() is None:
+        with contextlib.suppress(psutil.Error):
+            started |= {child.pid: child.name() for child in psutil.Process(command.pid).children(recursive=True)}
+        time.sleep(0.05)
+    _, err = command.communicate()
+    assert command.returncode == 0, err
+    assert "java" in started.values()  # it did start its own JVM
+    left = []
+    for process in psutil.process_iter(["name"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getsid(process.pid) == command.pid:
+                left.append((process.pid, process.info["name"]))
+    assert left == []

@@ -217,11 +217,15 @@ def inspect_schema(
     config: JobConfig,
     files: Sequence[str] | None = None,
     *,
+    known: pa.Schema | None = None,
     on_file: Callable[[int, int], None] | None = None,
 ) -> ArchiveLayout:
     """Check every file's schema against the job's column mapping and resolve the roles.
 
-    Reads one footer per file. ``on_file(done, total)`` reports progress.
+    Reads one footer per file. ``known``: the columns of the files earlier runs read (an
+    incremental run's), which ``files`` must agree with as the archive's files agree with each
+    other; a column they lack reads as null, as in an archive whose files differ in their optional
+    columns. ``on_file(done, total)`` reports progress.
 
     Raises:
         ArchiveReadError: a file is unreadable or truncated.
@@ -232,7 +236,8 @@ def inspect_schema(
     files = list(files) if files is not None else discover_files(config.archive)
     cols = config.columns
     # The union of the files' columns, each with the first file that has it (for messages).
-    merged: dict[str, tuple[pa.Field, str]] = {}
+    earlier = "the files earlier runs of this checkpoint read"
+    merged: dict[str, tuple[pa.Field, str]] = {field.name: (field, earlier) for field in known or ()}
     for index, path in enumerate(files):
         schema = _read_schema(path)
         for field in schema:
@@ -241,7 +246,8 @@ def inspect_schema(
                 raise ArchiveSchemaError(
                     f"column '{field.name}' is {field.type} here but {seen[0].type} in {seen[1]}",
                     where=Location(file=path, column=field.name),
-                    todo="rewrite the odd file with the archive's type for this column",
+                    todo="rewrite the odd file with the archive's type for this column"
+                    + (", then run again: nothing of it was read" if seen[1] == earlier else ""),
                     code="archive.type_mismatch",
                 )
         names = schema.names

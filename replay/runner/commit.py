@@ -16,7 +16,7 @@ from replay.runner.ledger import Ledger, account, check_ledger, ledger_row
 from replay.runner.plan import file_stamp
 from replay.runner.resume import State
 from replay.store import state as _state
-from replay.store.outputs import write_parquet
+from replay.store.outputs import encode_schema, write_parquet
 from replay.store.records import Commit, EngineSnapshot, LogEntry, LogPointer
 from replay.store.tables import progress_table, snapshot_json
 
@@ -86,6 +86,7 @@ def commit_batch(
         pending_tuples=sum(b.tuples for b in step.pending.values()),
         schemas=table_schemas(ctx.config, ctx.schema, ctx.layout, previous.schemas if previous else None),
         carry=carry,
+        archive_schema=encode_schema(ctx.layout.schema),
     )
     fault("during_commit", batch)
     ctx.store.commit(record)

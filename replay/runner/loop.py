@@ -58,7 +58,7 @@ from replay.runner.resume import rebuild
 from replay.runner.summary import RunSummary
 from replay.store import state as _state
 from replay.store.checkpoint import CheckpointStore
-from replay.store.outputs import list_versions, read_manifest
+from replay.store.outputs import decode_schema, list_versions, read_manifest
 from replay.store.records import Commit, RunIntent
 from replay.store.tables import write_run_version
 
@@ -269,7 +269,9 @@ class _Runner:
             # A new checkpoint over an archive without files: let discovery raise its error.
             run_files = discover_files(config.archive)
 
-        layout = inspect_schema(config, files=run_files, on_file=lambda d, t: self.event("footers", d, t))
+        # The columns earlier runs read: new files must agree with them, and read a column they lack as null.
+        known = decode_schema(commit.archive_schema) if commit is not None and commit.archive_schema else None
+        layout = inspect_schema(config, files=run_files, known=known, on_file=lambda d, t: self.event("footers", d, t))
         mode = resolve_lateness(config, layout)
         state = rebuild(store, config, layout, mode, commit)
         self.event("scan", 0, 1)

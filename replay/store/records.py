@@ -146,7 +146,9 @@ class Commit(_Record):
     its open windows (``None``: none open). ``carry``: when the batch was not the last of its pass
     (docs/outputs.md#passes), the copies-and-decisions files of the pass's batches up to it, whose
     on-time tuples complete ``open_state`` (at most a pass's batches, so the commit stays bounded).
-    ``outputs``: the batch's own output files.
+    ``outputs``: the batch's own output files. ``archive_schema``: the archive's columns as the
+    runs so far read them (an encoded Arrow schema, the union of their files'), which a later run's
+    new files must agree with (``None`` in checkpoints written before it was kept).
     """
 
     batch: int
@@ -167,6 +169,7 @@ class Commit(_Record):
     pending_tuples: int
     schemas: Mapping[str, str]
     carry: tuple[str, ...] = ()
+    archive_schema: str | None = None
 
     def state_files(self) -> list[str]:
         """Every file or directory under the checkpoint this commit needs (relative paths)."""
@@ -199,4 +202,5 @@ class Commit(_Record):
             pending_tuples=int(data["pending_tuples"]),
             schemas=dict(data["schemas"]),
             carry=tuple(str(f) for f in data.get("carry", ())),
+            archive_schema=data.get("archive_schema"),
         )

@@ -1,0 +1,109 @@
+"""An incremental run's new files are read with the archive's columns as the earlier runs read them:
+a file whose column has another type is refused before anything of it is read (it would otherwise
+mix the types in the tables, or fail deep in Spark), and a file without an optional column reads it
+as null, as a run over the whole archive does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from replay.core.config import JobConfig, parse_config
+from replay.core.errors import ArchiveSchemaError
+from replay.core.timeutil import parse_timestamp
+from replay.runner.loop import run
+from replay.store.checkpoint import CheckpointStore
+from replay.store.digest import digest
+from replay.store.outputs import list_versions
+from tests._archives import buffer_rows, write_archive
+
+pytestmark = pytest.mark.spark
+
+T0 = parse_timestamp("2026-01-01T00:00:00Z")
+SECOND = 1_000_000
+
+
+def _job(root: Path, archive: Path) -> JobConfig:
+    return parse_config(
+        {
+            "archive": str(archive),
+            "output": str(root / "out"),
+            "checkpoint": str(root / "ckpt"),
+            "windows": [
+                {"name": "w", "size": "1s", "aggregations": [{"fn": "count"}, {"fn": "sum", "column": "value"}]}
+            ],
+        }
+    )
+
+
+def _first(archive: Path) -> None:
+    rows = buffer_rows(1, 1, watermark=T0 + SECOND, events=[(T0 + SECOND // 2, 1, 1.5), (T0 + SECOND // 4, 2, 2.5)])
+    rows += buffer_rows(2, 1, watermark=T0 + SECOND, events=[(T0 + SECOND // 3, 1, 4.0)])
+    write_archive(archive, rows, name="part-00000.parquet")
+
+
+def _second_rows(value: bool = True) -> list[dict[str, Any]]:
+    events = [(T0 + 3 * SECOND // 2, 1, 8.0), (T0 + 5 * SECOND // 2, 3, 16.0)]
+    rows = buffer_rows(1, 2, watermark=T0 + 3 * SECOND, events=events)
+    rows += buffer_rows(2, 2, watermark=T0 + 3 * SECOND, events=[(T0 + 2 * SECOND, 2, 32.0)])
+    if not value:
+        for row in rows:
+            row.pop("value", None)
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("column", "kind"),
+    [("key", pa.string()), ("value", pa.int64()), ("sequence_number", pa.int32())],
+)
+def test_a_new_file_with_another_type_is_refused_and_the_run_goes_on_once_it_is_rewritten(
+    spark: Any, tmp_path: Path, column: str, kind: pa.DataType
+) -> None:
+    archive = tmp_path / "archive"
+    _first(archive)
+    config = _job(tmp_path, archive)
+    run(config, spark=spark)
+    assert config.output is not None and config.checkpoint is not None
+    before = CheckpointStore(config.checkpoint).commits()
+    rows = _second_rows()
+    if column == "key":
+        rows = [{**row, "key": str(row["key"])} for row in rows]
+    elif column == "value":
+        rows = [{**row, "value": int(row["value"])} for row in rows]
+    odd = write_archive(archive, rows, name="part-00001.parquet", types={column: kind})
+
+    with pytest.raises(ArchiveSchemaError) as raised:
+        run(config, spark=spark)
+    error = raised.value
+    assert error.code == "archive.type_mismatch" and error.where.file == str(odd) and error.where.column == column
+    assert "earlier runs" in str(error) and "nothing of it was read" in str(error)
+    assert CheckpointStore(config.checkpoint).commits() == before and list_versions(config.output) == [1]
+
+    write_archive(archive, _second_rows(), name="part-00001.parquet")  # rewritten with the archive's types
+    assert run(config, spark=spark).buffers == 2
+    whole = _job(tmp_path / "whole", archive)
+    run(whole, spark=spark)
+    assert whole.output is not None
+    assert digest(config.output) == digest(whole.output) | {"progress": digest(config.output)["progress"]}
+
+
+def test_a_new_file_without_an_optional_column_reads_it_as_null_as_a_run_over_the_whole_archive(
+    spark: Any, tmp_path: Path
+) -> None:
+    archive = tmp_path / "archive"
+    _first(archive)
+    config = _job(tmp_path, archive)
+    run(config, spark=spark)
+    write_archive(archive, _second_rows(value=False), name="part-00001.parquet")
+    summary = run(config, spark=spark)
+    assert summary.buffers == 2 and summary.windows_emitted > 0
+    whole = _job(tmp_path / "whole", archive)
+    run(whole, spark=spark)
+    assert config.output is not None and whole.output is not None
+    incremental, full = digest(config.output), digest(whole.output)
+    assert {t: incremental[t] for t in ("windows", "late", "integrity")} == {
+        t: full[t] for t in ("windows", "late", "integrity")
+    }

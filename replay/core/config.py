@@ -33,6 +33,7 @@ from replay.core.vocabulary import ConflictPolicy, GapPolicy, Lateness, Regressi
 
 __all__ = [
     "AGGREGATION_FUNCTIONS",
+    "LENIENT_CHANGES",
     "RESULT_FIELDS",
     "Aggregation",
     "ColumnMapping",
@@ -45,6 +46,7 @@ __all__ = [
     "WatermarkKey",
     "WindowSpec",
     "json_schema",
+    "lenient_change",
     "load_config",
     "parse_config",
 ]
@@ -235,6 +237,24 @@ RESULT_FIELDS = (
     "on_conflict",
     "windows",
 )
+
+
+#: Changes of a result field that a checkpoint takes: from the strict policy to the lenient one.
+#: Under ``fail`` every committed batch held no conflicting copy (no watermark regression), so the
+#: batches are what ``keep_first`` (``clamp``) would have committed, and the checkpoint goes on as
+#: if the job had said so from the start. The other way, or any other change, could have
+#: committed something else: it takes a new checkpoint.
+LENIENT_CHANGES = frozenset(
+    {
+        ("on_conflict", ConflictPolicy.FAIL.value, ConflictPolicy.KEEP_FIRST.value),
+        ("watermark_regression", RegressionPolicy.FAIL.value, RegressionPolicy.CLAMP.value),
+    }
+)
+
+
+def lenient_change(name: str, before: Any, after: Any) -> bool:
+    """Whether a checkpoint written with ``name: before`` continues under ``name: after``."""
+    return (name, before, after) in LENIENT_CHANGES
 
 
 class JobConfig(_Model):

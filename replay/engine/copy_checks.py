@@ -103,7 +103,8 @@ def check_copy(rec: dict[str, Any], layout: ArchiveLayout, chunk_base: int) -> N
         raise BadBufferError(
             f"chunk_number {rec['chunk']} is below chunk_base {chunk_base}",
             where=Location(**where, column=layout.chunk_number),
-            todo="set 'chunk_base: 0' if this archive counts chunks from 0, else fix the archiver",
+            todo="set 'chunk_base: 0' if this archive counts chunks from 0 (a checkpoint that committed batches "
+            "under chunk_base 1 then needs a new --checkpoint and --output), else fix the archiver",
             code="archive.bad_chunk",
         )
     for name, column, required in _metadata(layout):

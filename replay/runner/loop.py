@@ -32,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from replay.core.config import JobConfig
+from replay.core.config import JobConfig, lenient_change
 from replay.core.errors import ConfigError, Location, ReplayError, storage_errors
 from replay.core.paths import local_path
 from replay.core.timeutil import format_ts
@@ -140,7 +140,7 @@ def run(
             on_event(step, done, total)
 
     with _frozen_heap() as freezing, store.lock() as stale:
-        identity = store.bind(fingerprint=fingerprint, fields=result_fields, output=output)
+        identity = store.bind(fingerprint=fingerprint, fields=result_fields, output=output, may_change=lenient_change)
         runner = _Runner(
             config=config,
             store=store,
@@ -203,6 +203,8 @@ class _Runner:
         self.event = event
         self._listened = listened  # someone reads the events: worth a poller of Spark's progress
         self.notes: list[str] = []
+        if identity.get("rebound"):
+            self.notes.append(f"the checkpoint takes this job's settings: {identity['rebound']}")
         # Commits are never changed once written: pruning after every batch reads each retained one once.
         self._records: dict[int, Commit] = {}
         self._progress: tuple[int, dict[str, Any]] | None = None  # the last batch's progress report

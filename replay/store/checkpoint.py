@@ -31,7 +31,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,8 +76,21 @@ class CheckpointStore:
         path = self.root / "checkpoint.json"
         return read_record(path) if path.exists() else None
 
-    def bind(self, *, fingerprint: str, fields: Mapping[str, Any], output: str) -> dict[str, Any]:
+    def bind(
+        self,
+        *,
+        fingerprint: str,
+        fields: Mapping[str, Any],
+        output: str,
+        may_change: Callable[[str, Any, Any], bool] = lambda name, before, after: False,
+    ) -> dict[str, Any]:
         """Create the checkpoint's identity, or check that this job may continue it.
+
+        A checkpoint that holds no commit yet (its first run failed before committing anything)
+        takes the job's settings and output instead: nothing in it depends on the ones it had. So
+        does one whose only differing fields ``may_change(name, before, after)`` allows: changes
+        under which the committed batches are what the new settings would have committed. The
+        identity returned then says so in ``"rebound"``.
 
         Raises:
             IncompatibleCheckpointError: the stored fingerprint differs (naming the fields),
@@ -94,26 +107,46 @@ class CheckpointStore:
             }
             write_record(self.root / "checkpoint.json", identity)
             return {"format_version": RECORD_FORMAT_VERSION, **identity}
-        if stored["fingerprint"] != fingerprint:
-            differing = _diff(stored["fields"], fields)
+        differing = _diff(stored["fields"], fields) if stored["fingerprint"] != fingerprint else []
+        changes = {name: f"{stored['fields'].get(name)!r} -> {fields.get(name)!r}" for name in differing}
+        if stored["output"] != output:
+            changes["output"] = f"{stored['output']!r} -> {output!r}"
+        if not changes:
+            return stored
+        folder = self.root / "commits"
+        uncommitted = not folder.exists() or not any(folder.iterdir())  # not even a commit set aside
+        if uncommitted or (
+            stored["output"] == output
+            and all(may_change(name, stored["fields"].get(name), fields.get(name)) for name in differing)
+        ):
+            if uncommitted:
+                self.drop_run_intents(after=0)  # its cut was the old settings'
+            identity = {
+                key: value for key, value in stored.items() if key not in ("format_version", "sha256", "rebound")
+            }
+            identity |= {"fingerprint": fingerprint, "fields": dict(fields), "output": output}
+            write_record(self.root / "checkpoint.json", identity)
+            reason = (
+                "it held no commit yet"
+                if uncommitted
+                else "the batches it committed are what the new settings would have committed"
+            )
+            said = ", ".join(f"{name} {change}" for name, change in changes.items())
+            return {"format_version": RECORD_FORMAT_VERSION, **identity, "rebound": f"{said} ({reason})"}
+        if differing:
             raise IncompatibleCheckpointError(
                 "the checkpoint was written by a job with different "
                 + ", ".join(f"'{name}'" for name in differing)
                 + " settings, so its state cannot be continued",
-                where=Location(
-                    file=str(self.root),
-                    extra={name: f"{stored['fields'].get(name)!r} -> {fields.get(name)!r}" for name in differing},
-                ),
+                where=Location(file=str(self.root), extra={name: changes[name] for name in differing}),
                 todo="restore the job's previous settings, or run with a new --checkpoint directory "
                 "(and a new --output) to replay from scratch",
             )
-        if stored["output"] != output:
-            raise IncompatibleCheckpointError(
-                f"the checkpoint writes to output {stored['output']!r}, not {output!r}",
-                where=Location(file=str(self.root)),
-                todo=f"run with --output {stored['output']}, or use a new --checkpoint directory",
-            )
-        return stored
+        raise IncompatibleCheckpointError(
+            f"the checkpoint writes to output {stored['output']!r}, not {output!r}",
+            where=Location(file=str(self.root)),
+            todo=f"run with --output {stored['output']}, or use a new --checkpoint directory",
+        )
 
     # -- the single-writer lock ---------------------------------------------------------------
 

@@ -1,0 +1,121 @@
+"""Which setting changes a checkpoint takes. One that holds no commit yet (its first run failed)
+takes any: following an error's advice (``on_conflict: keep_first``, another ``--output``) works
+on the next run. One with commits takes a change from a strict policy to its lenient one, under
+which its batches are what the new setting would have committed, and refuses the others."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from replay.core.config import JobConfig, parse_config
+from replay.core.errors import (
+    ConflictingDuplicateError,
+    IncompatibleCheckpointError,
+    StorageError,
+    WatermarkRegressionError,
+)
+from replay.core.timeutil import parse_timestamp
+from replay.runner.loop import run
+from replay.store.checkpoint import CheckpointStore
+from replay.store.digest import digest
+from tests._archives import buffer_rows, write_archive
+
+pytestmark = pytest.mark.spark
+
+T0 = parse_timestamp("2026-01-01T00:00:00Z")
+SECOND = 1_000_000
+RESULTS = ("windows", "late", "integrity")
+
+
+def _job(root: Path, archive: Path, **extra: Any) -> JobConfig:
+    return parse_config(
+        {
+            "archive": str(archive),
+            "output": str(root / "out"),
+            "checkpoint": str(root / "ckpt"),
+            "windows": [
+                {"name": "w", "size": "1s", "aggregations": [{"fn": "count"}, {"fn": "sum", "column": "value"}]}
+            ],
+            **extra,
+        }
+    )
+
+
+def _results(config: JobConfig) -> dict[str, str]:
+    assert config.output is not None
+    found = digest(config.output)
+    return {table: found[table] for table in RESULTS}
+
+
+def _conflicting(archive: Path) -> None:
+    """Origin 1's sequence 1 archived twice with different tuples."""
+    write_archive(archive, buffer_rows(1, 1, watermark=T0 + SECOND, events=[(T0 + 1, 1, 1.0)]), name="a.parquet")
+    write_archive(archive, buffer_rows(1, 1, watermark=T0 + SECOND, events=[(T0 + 2, 1, 9.0)]), name="b.parquet")
+    rows = buffer_rows(1, 2, watermark=T0 + 3 * SECOND, events=[(T0 + 3 * SECOND // 2, 2, 2.0)])
+    write_archive(archive, rows, name="c.parquet")
+
+
+def test_a_checkpoint_without_a_commit_takes_the_settings_the_error_advised(spark: Any, tmp_path: Path) -> None:
+    archive = tmp_path / "archive"
+    _conflicting(archive)
+    with pytest.raises(ConflictingDuplicateError) as raised:
+        run(_job(tmp_path, archive), spark=spark)
+    assert "on_conflict: keep_first" in str(raised.value)
+    store = CheckpointStore(tmp_path / "ckpt")
+    assert store.identity() is not None and store.commits() == []
+
+    advised = _job(tmp_path, archive, on_conflict="keep_first")
+    summary = run(advised, spark=spark)
+    assert any("on_conflict 'fail' -> 'keep_first' (it held no commit yet)" in note for note in summary.notes)
+    fresh = _job(tmp_path / "fresh", archive, on_conflict="keep_first")
+    run(fresh, spark=spark)
+    assert _results(advised) == _results(fresh)
+
+
+def test_a_checkpoint_without_a_commit_takes_another_output(spark: Any, tmp_path: Path) -> None:
+    archive = tmp_path / "archive"
+    write_archive(archive, buffer_rows(1, 1, watermark=T0 + 2 * SECOND, events=[(T0 + 1, 1, 1.0)]))
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(StorageError):
+        run(_job(tmp_path, archive).with_overrides(output=str(tmp_path / "a-file" / "out")), spark=spark)
+    summary = run(_job(tmp_path, archive), spark=spark)
+    assert summary.version == 1 and any("output" in note and "no commit" in note for note in summary.notes)
+
+
+def test_a_checkpoint_with_commits_takes_a_lenient_policy_and_goes_on_as_if_it_had_had_it(
+    spark: Any, tmp_path: Path
+) -> None:
+    archive = tmp_path / "archive"
+    rows = buffer_rows(1, 1, watermark=T0 + 2 * SECOND, events=[(T0 + 1, 1, 1.0), (T0 + SECOND, 2, 2.0)])
+    rows += buffer_rows(2, 1, watermark=T0 + 2 * SECOND, events=[(T0 + 2, 1, 4.0)])
+    write_archive(archive, rows, name="part-00000.parquet")
+    strict = _job(tmp_path, archive)
+    run(strict, spark=spark)
+    store = CheckpointStore(tmp_path / "ckpt")
+    committed = store.commits()
+    # A new file whose watermark goes back: origin 1's sequence 2 promises less than sequence 1 did.
+    rows = buffer_rows(1, 2, watermark=T0 + SECOND, events=[(T0 + 3 * SECOND, 1, 8.0)])
+    rows += buffer_rows(1, 3, watermark=T0 + 5 * SECOND, events=[(T0 + 4 * SECOND, 2, 16.0)])
+    rows += buffer_rows(2, 2, watermark=T0 + 5 * SECOND)
+    write_archive(archive, rows, name="part-00001.parquet")
+    with pytest.raises(WatermarkRegressionError) as raised:
+        run(strict, spark=spark)
+    assert "watermark_regression: clamp" in str(raised.value) and store.commits() == committed
+
+    for refused in ({"gap_policy": "skip"}, {"on_conflict": "keep_first", "gap_policy": "skip"}):
+        with pytest.raises(IncompatibleCheckpointError) as incompatible:
+            run(_job(tmp_path, archive, watermark_regression="clamp", **refused), spark=spark)
+        assert "gap_policy" in str(incompatible.value)
+    lenient = _job(tmp_path, archive, watermark_regression="clamp")
+    summary = run(lenient, spark=spark)
+    assert any("watermark_regression 'fail' -> 'clamp'" in note for note in summary.notes)
+    fresh = _job(tmp_path / "fresh", archive, watermark_regression="clamp")
+    run(fresh, spark=spark)
+    assert _results(lenient) == _results(fresh)
+    # Back to the strict policy: the clamped regression is committed, which 'fail' would have refused.
+    with pytest.raises(IncompatibleCheckpointError) as back:
+        run(strict, spark=spark)
+    assert "watermark_regression" in str(back.value)

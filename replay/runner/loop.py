@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replay.core.config import JobConfig, lenient_change
-from replay.core.errors import ConfigError, Location, ReplayError, storage_errors
+from replay.core.errors import ConfigError, EmptyArchiveError, Location, ReplayError, storage_errors
 from replay.core.paths import local_path
 from replay.core.timeutil import format_ts
 from replay.engine.archive import (
@@ -286,8 +286,15 @@ class _Runner:
 
         spark = self.spark
         event_times = self.range != (None, None)  # a backfill range needs every key's event times
-        with job_progress(spark, scanning if self._listened else None):
-            scan = scan_buffers(spark, layout, config, strict=True, event_times=event_times, cache=cache)
+        try:
+            with job_progress(spark, scanning if self._listened else None):
+                scan = scan_buffers(spark, layout, config, strict=True, event_times=event_times, cache=cache)
+        except EmptyArchiveError:
+            if commit is None or not commit.finish or intent is not None:
+                raise
+            # New files without a row (an archiver's empty file): nothing new, as with no new file.
+            self.notes.append(f"the {len(run_files)} new file(s) hold no rows: nothing to replay")
+            return self._finish_version(commit, batches=0, buffers=0, tuples=0, resumed=resumed)
         self.event("scan", seen[1], seen[1])
         schema = spark_schema(layout)
         state.spark_paths.update(scan.spark_paths)

@@ -1,7 +1,7 @@
-"""An incremental run's new files are read with the archive's columns as the earlier runs read them:
-a file whose column has another type is refused before anything of it is read (it would otherwise
-mix the types in the tables, or fail deep in Spark), and a file without an optional column reads it
-as null, as a run over the whole archive does."""
+"""An incremental run's new files. They are read with the archive's columns as the earlier runs read
+them: a file whose column has another type is refused before anything of it is read (it would
+otherwise mix the types in the tables, or fail deep in Spark), and a file without an optional
+column reads it as null, as a run over the whole archive does. Files without a row are nothing new."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from replay.core.config import JobConfig, parse_config
@@ -18,7 +19,7 @@ from replay.runner.loop import run
 from replay.store.checkpoint import CheckpointStore
 from replay.store.digest import digest
 from replay.store.outputs import list_versions
-from tests._archives import buffer_rows, write_archive
+from tests._archives import archive_table, buffer_rows, write_archive
 
 pytestmark = pytest.mark.spark
 
@@ -107,3 +108,19 @@ def test_a_new_file_without_an_optional_column_reads_it_as_null_as_a_run_over_th
     assert {t: incremental[t] for t in ("windows", "late", "integrity")} == {
         t: full[t] for t in ("windows", "late", "integrity")
     }
+
+
+def test_new_files_without_a_row_are_nothing_new(spark: Any, tmp_path: Path) -> None:
+    """An archiver's empty file (a footer, no row) is no error for an incremental run: nothing new."""
+    archive = tmp_path / "archive"
+    _first(archive)
+    config = _job(tmp_path, archive)
+    run(config, spark=spark)
+    assert config.output is not None
+    before = digest(config.output)
+    pq.write_table(archive_table(_second_rows()).slice(0, 0), archive / "part-00001.parquet")
+    summary = run(config, spark=spark)
+    assert summary.batches == 0 and not summary.new_version and digest(config.output) == before
+    assert any("1 new file(s) hold no rows" in note for note in summary.notes)
+    write_archive(archive, _second_rows(), name="part-00002.parquet")
+    assert run(config, spark=spark).buffers == 2

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -89,7 +90,10 @@ def main() -> None:
             _interrupted()
         show, exit_code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
         if not callable(show) or not isinstance(exit_code, int):
-            raise
+            # A failure Replay did not expect: its traceback, written while the JVM is up (a Spark
+            # error's text is read from the JVM), then the interpreter's exit code for it.
+            traceback.print_exc()
+            sys.exit(1)
         show()  # a usage error (click's ClickException, known by its interface), as click shows it
         sys.exit(exit_code)
     finally:

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from replay.core.config import JobConfig
 from replay.engine import pass_counts, pass_query
-from replay.engine.archive import ArchiveLayout
+from replay.engine.archive import ArchiveLayout, read_failure
 from replay.engine.passes import PassWork, SpecCounts, WorkResult
 from replay.engine.sink import RESULT_SCHEMA, Written, keep_only, sink, storage_failure
 from replay.engine.spark import follow_cores
@@ -91,8 +91,10 @@ def run_pass(
     with _static_plan(spark):
         try:
             rows = query.union.mapInArrow(sink(parts, query.ids), RESULT_SCHEMA).collect()
-        except Exception as exc:  # a task that could not write: reported as the storage error it is
-            failure = storage_failure(exc)
+        except Exception as exc:  # a task that could not write, or read: reported as the error it is
+            failure: Exception | None = storage_failure(exc) or read_failure(
+                exc, {reported: ours for ours, reported in spark_paths.items()}
+            )
             if failure is None:
                 raise
             raise failure from exc

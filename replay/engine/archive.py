@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +32,7 @@ __all__ = [
     "ResolvedKey",
     "discover_files",
     "inspect_schema",
+    "read_failure",
     "resolve_lateness",
     "spark_schema",
 ]
@@ -170,6 +173,31 @@ def _read_schema(path: str) -> pa.Schema:
             where=Location(file=path),
             todo="restore the file from the archiver, or move it out of the archive directory; nothing was committed",
         ) from exc
+
+
+# How Spark reports a file it could not read in a task (its footer read, its pages did not), and
+# the causes under it: ``[FAILED_READ_FILE.NO_HINT] Encountered error while reading file <uri>.``
+_READ_FAILED = re.compile(r"\[FAILED_READ_FILE[.\w]*\] Encountered error while reading file (\S+?)\.?\s")
+_CAUSE = re.compile(r"(?m)^Caused by: (?:[\w.$]+\.)?([^\n]+?)\s*$")
+
+
+def read_failure(error: BaseException, files: Mapping[str, str]) -> ArchiveReadError | None:
+    """The archive file a Spark task could not read (damaged pages behind an intact footer), as
+    ``archive.unreadable`` naming it, with the deepest cause Spark gives; ``None`` when ``error`` is
+    another failure. ``files`` maps the paths Spark reports back to the archive's."""
+    text = str(error)
+    found = _READ_FAILED.search(text)
+    if found is None:
+        return None
+    reported = found.group(1)
+    causes = _CAUSE.findall(text)
+    return ArchiveReadError(
+        "cannot read the file's rows: its footer reads but its data does not (damaged or truncated pages)"
+        + (f": {causes[-1]}" if causes else ""),
+        where=Location(file=files.get(reported, reported.removeprefix("file://"))),
+        todo="restore the file from the archiver, or move it out of the archive directory; nothing of the "
+        "batch in progress was committed, and the next run resumes from the checkpoint",
+    )
 
 
 def _time_kind(field: pa.Field, *, time_unit: str) -> str | None:

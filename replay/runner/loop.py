@@ -54,7 +54,7 @@ from replay.runner.context import Batch, RunContext, fault
 from replay.runner.dedup import deduplicate
 from replay.runner.hold import EmissionHold
 from replay.runner.plan import cut_batches, file_stamp, plan_batches, plan_passes
-from replay.runner.resume import rebuild
+from replay.runner.resume import intent_with_files, rebuild
 from replay.runner.summary import RunSummary
 from replay.store import state as _state
 from replay.store.checkpoint import CheckpointStore
@@ -261,6 +261,9 @@ class _Runner:
             self.notes.append(f"removed {len(removed)} staged file(s) of an uncommitted batch")
 
         consumed = _state.read_consumed(store.root / commit.consumed) if commit and commit.consumed else {}
+        if intent is not None:
+            begun = commit is not None and commit.run == intent.run
+            intent = intent_with_files(store, intent, begun=begun, notes=self.notes)
         if intent is not None:
             run_files = list(intent.files)
         else:

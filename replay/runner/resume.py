@@ -3,20 +3,22 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from replay.core.buffer import Buffer
 from replay.core.config import JobConfig
-from replay.core.errors import CheckpointStateError, Location
+from replay.core.errors import ArchiveReadError, CheckpointStateError, Location
+from replay.core.paths import local_path
 from replay.core.progress import ProgressEngine
 from replay.engine.archive import ArchiveLayout
 from replay.engine.inspection import engine_for
 from replay.runner.ledger import Ledger
 from replay.store import state as _state
 from replay.store.checkpoint import CheckpointStore
-from replay.store.records import Commit
+from replay.store.records import Commit, RunIntent
 
-__all__ = ["State", "empty_state", "new_engine", "rebuild"]
+__all__ = ["State", "empty_state", "intent_with_files", "new_engine", "rebuild"]
 
 
 def new_engine(config: JobConfig, layout: ArchiveLayout, mode: str) -> ProgressEngine:
@@ -116,3 +118,30 @@ def rebuild(
             todo="the checkpoint is damaged or was written by another replay version; start a new checkpoint",
         )
     return state
+
+
+def intent_with_files(store: CheckpointStore, intent: RunIntent, *, begun: bool, notes: list[str]) -> RunIntent | None:
+    """``intent`` when its files are all there; ``None`` (the run is planned again, its intent
+    dropped, said in ``notes``) when some are gone (a damaged file moved out after the run failed
+    on it) and nothing of the run was committed (``begun``), so that nothing depends on its cut.
+
+    Raises:
+        ArchiveReadError: files are gone from a run that committed batches read from its files.
+    """
+    gone = [f for f in intent.files if (local := local_path(f)) is not None and not os.path.exists(local)]
+    if not gone:
+        return intent
+    shown = ", ".join(gone[:3]) + (f" and {len(gone) - 3} more" if len(gone) > 3 else "")
+    if begun:
+        raise ArchiveReadError(
+            f"{len(gone)} file(s) run {intent.run} reads are gone: {shown}",
+            where=Location(file=gone[0]),
+            todo=f"restore the file(s): run {intent.run} committed batches read from its files and cuts the rest "
+            "from the same ones; a damaged file can be replaced by an intact copy under the same name",
+        )
+    store.drop_run_intents(after=intent.run - 1)
+    notes.append(
+        f"{len(gone)} file(s) run {intent.run} was to read are gone ({shown}); nothing of the run was "
+        "committed, so it is planned again from the archive's files"
+    )
+    return None

@@ -1,0 +1,111 @@
+"""A file whose footer reads but whose data pages do not (damaged on disk or in transfer) passes the
+metadata scan and fails in the pass's Spark tasks. The run reports it as ``archive.unreadable``
+naming the file, commits nothing of the pass, and goes on once the file is moved out (nothing of the
+run committed: planned again) or restored (batches committed: the same cut)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from replay.core.config import JobConfig, parse_config
+from replay.core.errors import ArchiveReadError
+from replay.core.timeutil import parse_timestamp
+from replay.runner.loop import run
+from replay.store.checkpoint import CheckpointStore
+from replay.store.digest import digest
+from tests._archives import buffer_rows, write_archive
+
+pytestmark = pytest.mark.spark
+
+T0 = parse_timestamp("2026-01-01T00:00:00Z")
+SECOND = 1_000_000
+RESULTS = ("windows", "late", "integrity")
+
+
+def _job(root: Path, archive: Path, **extra: Any) -> JobConfig:
+    return parse_config(
+        {
+            "archive": str(archive),
+            "output": str(root / "out"),
+            "checkpoint": str(root / "ckpt"),
+            "windows": [
+                {"name": "w", "size": "1s", "aggregations": [{"fn": "count"}, {"fn": "sum", "column": "value"}]}
+            ],
+            **extra,
+        }
+    )
+
+
+def _sequences(archive: Path, name: str, first: int, last: int) -> Path:
+    rows = []
+    for seq in range(first, last + 1):
+        events = [(T0 + seq * SECOND - 10 - i, i % 7, i * 1.37 + seq) for i in range(300)]
+        rows += buffer_rows(1, seq, watermark=T0 + seq * SECOND, events=events)
+    return write_archive(archive, rows, name=name)
+
+
+def _damage(path: Path) -> None:
+    """Scramble the data pages of the ``value`` column; the footer and the other columns stay."""
+    column = pq.ParquetFile(path).metadata.row_group(0).column(pq.read_schema(path).get_field_index("value"))
+    data = bytearray(path.read_bytes())
+    start = column.data_page_offset + 10
+    for i in range(start, start + 400):
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+def _results(config: JobConfig) -> dict[str, str]:
+    assert config.output is not None
+    found = digest(config.output)
+    return {table: found[table] for table in RESULTS}
+
+
+def test_a_damaged_file_is_named_and_moving_it_out_lets_the_run_go_on(spark: Any, tmp_path: Path) -> None:
+    archive = tmp_path / "archive"
+    _sequences(archive, "a.parquet", 1, 3)
+    damaged = _sequences(archive, "b.parquet", 4, 5)
+    _damage(damaged)
+    config = _job(tmp_path, archive)
+    with pytest.raises(ArchiveReadError) as raised:
+        run(config, spark=spark)
+    error = raised.value
+    assert error.code == "archive.unreadable" and error.file == str(damaged)
+    assert "footer reads but its data does not" in str(error) and "nothing of the batch" in str(error)
+    assert CheckpointStore(tmp_path / "ckpt").commits() == []
+
+    shutil.move(damaged, tmp_path / "quarantined.parquet")
+    summary = run(config, spark=spark)
+    assert summary.buffers == 3 and any("planned again" in note for note in summary.notes)
+    fresh = _job(tmp_path / "fresh", archive)
+    run(fresh, spark=spark)
+    assert _results(config) == _results(fresh)
+
+
+def test_a_run_that_committed_batches_needs_its_files_back(spark: Any, tmp_path: Path) -> None:
+    archive = tmp_path / "archive"
+    _sequences(archive, "a.parquet", 1, 3)
+    damaged = _sequences(archive, "b.parquet", 4, 5)
+    intact = damaged.read_bytes()
+    _damage(damaged)
+    config = _job(tmp_path, archive, micro_batch={"max_buffers": 1, "max_batches_per_pass": 1})
+    with pytest.raises(ArchiveReadError, match="footer reads"):
+        run(config, spark=spark)
+    store = CheckpointStore(tmp_path / "ckpt")
+    assert store.commits() == [1, 2, 3]  # sequences 1 to 3, each its own pass; sequence 4's failed
+
+    damaged.unlink()
+    with pytest.raises(ArchiveReadError, match="run 1 reads are gone") as gone:
+        run(config, spark=spark)
+    assert gone.value.file == str(damaged) and "restore the file" in str(gone.value)
+    assert store.commits() == [1, 2, 3]
+
+    damaged.write_bytes(intact)  # an intact copy under the same name
+    assert run(config, spark=spark).resumed
+    fresh = _job(tmp_path / "fresh", archive)
+    run(fresh, spark=spark)
+    assert _results(config) == _results(fresh)

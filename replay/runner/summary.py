@@ -3,7 +3,7 @@ tasks push, in one record."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from replay.core.timeutil import format_ts
@@ -53,5 +53,6 @@ class RunSummary:
                 k: {"global": format_ts(g), "effective": format_ts(e)} for k, (g, e) in self.watermarks.items()
             },
             "seconds": round(self.seconds, 3),
+            "stale_lock": asdict(self.stale_lock) if self.stale_lock is not None else None,
             "notes": list(self.notes),
         }

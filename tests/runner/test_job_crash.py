@@ -222,6 +222,13 @@ def test_a_second_writer_is_refused_naming_the_holder(archive: Path, tmp_path: P
     summary = run(load_config(job), spark=spark)
     assert summary.stale_lock is not None and summary.stale_lock.pid == holder.pid
     assert summary.version == 1
+    # ... in the JSON summary too (``--json``, ``--summary-file``: what the spark-submit engine reads).
+    assert summary.to_dict()["stale_lock"] == {
+        "pid": holder.pid,
+        "host": summary.stale_lock.host,
+        "started": summary.stale_lock.started,
+        "command": "replay run (test holder)",
+    }
 
 
 def _truncate(path: Path) -> None:

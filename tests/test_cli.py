@@ -84,6 +84,31 @@ def test_inspect_exits_1_on_findings_that_would_stop_a_run(tmp_path: Path, spark
     assert runner.invoke(app, ["inspect", "--config", str(job), "--json"]).exit_code == 0
 
 
+def test_inspect_names_the_first_conflict_and_regression(tmp_path: Path) -> None:
+    from tests._archives import buffer_rows, write_archive
+
+    t0 = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z
+    archive = tmp_path / "archive"
+    regressing = [
+        *buffer_rows(2, 1, watermark=t0 + 20_000_000, ingest=t0, events=[(t0, 1, 1.0)]),
+        *buffer_rows(2, 2, watermark=t0 + 10_000_000, ingest=t0 + 1, events=[(t0, 1, 1.0)]),
+    ]
+    first = write_archive(archive, buffer_rows(1, 1, watermark=t0, ingest=t0, events=[(t0, 1, 1.0)]) + regressing)
+    other = write_archive(
+        archive, buffer_rows(1, 1, watermark=t0, ingest=t0 + 2, events=[(t0, 1, 2.0)]), name="part-00001.parquet"
+    )
+    result = runner.invoke(app, ["inspect", str(archive)])
+    assert result.exit_code == 1
+    assert "[archive.conflicting_duplicate]" in result.stderr
+    assert "1 conflicting duplicate, the first origin 1 sequence 1 chunk 1 in" in result.stderr
+    assert str(first) in result.stderr and str(other) in result.stderr
+    assert (
+        "1 watermark regression, the first origin 2 sequence 2 key 'default' going back from "
+        "2026-01-01T00:00:20.000Z to 2026-01-01T00:00:10.000Z" in result.stderr
+    )
+    assert "watermark_regression: clamp" in result.stderr
+
+
 def test_usage_and_configuration_errors_exit_2(tmp_path: Path) -> None:
     job = tmp_path / "job.yaml"
     job.write_text("archive: x\nwindows: [{name: w, size: 0s, aggregations: [{fn: count}]}]\n")
@@ -93,6 +118,10 @@ def test_usage_and_configuration_errors_exit_2(tmp_path: Path) -> None:
     assert runner.invoke(app, ["inspect"]).exit_code == 2
     assert runner.invoke(app, ["generate", str(tmp_path / "g"), "--origins", "0"]).exit_code == 2
     assert runner.invoke(app, ["generate"]).exit_code == 2
+    for value in ("yesterday", "2026-01-01T00:00:00"):  # not ISO 8601; no UTC offset
+        bad = runner.invoke(app, ["run", "--config", str(job), "--start", value])
+        text = " ".join(bad.stderr.replace("│", " ").split())  # out of rich's box, unwrapped
+        assert bad.exit_code == 2 and text.count("e.g. 2026-01-01T00:00:00Z") == 1, text
 
 
 def test_data_errors_exit_1_with_the_message_on_stderr(tmp_path: Path) -> None:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from replay.console import Steps, failure, print_generated, print_inspection
 from replay.core.errors import ReplayError
+
+if TYPE_CHECKING:
+    from replay.engine.inspection import InspectReport
 
 __all__ = ["generate", "inspect"]
 
@@ -105,9 +108,39 @@ def inspect(
     else:
         print_inspection(data)
     if report.has_errors:
-        typer.echo(
-            "replay: error: the archive has findings that would stop 'replay run' (see conflicts and regressions "
-            "above); fix the archive or set on_conflict: keep_first / watermark_regression: clamp",
-            err=True,
+        raise failure(_findings(report, as_json=as_json))
+
+
+def _findings(report: InspectReport, *, as_json: bool) -> ReplayError:
+    """The error an inspection with findings that would stop ``replay run`` ends with: how many
+    conflicts (under ``on_conflict: fail``) and held regressions, and the first of each, named."""
+    from replay.core.errors import ConflictingDuplicateError, DataError, WatermarkRegressionError
+    from replay.core.timeutil import format_ts
+
+    conflicts = list(report.scan.conflicts) if report.config.on_conflict == "fail" else []
+    regressions = [r for r in report.progress.regressions if r.action == "held"]
+    found = []
+    if conflicts:
+        c = conflicts[0]
+        found.append(
+            f"{_count(len(conflicts), 'conflicting duplicate')}, the first origin {c.origin} sequence {c.sequence} "
+            f"chunk {c.chunk} in {c.kept_file} (row {c.kept_row}) and {c.other_file} (row {c.other_row})"
         )
-        raise typer.Exit(1)
+    if regressions:
+        r = regressions[0]
+        found.append(
+            f"{_count(len(regressions), 'watermark regression')}, the first origin {r.origin} sequence {r.sequence} "
+            f"key '{r.key}' going back from {format_ts(r.previous)} to {format_ts(r.watermark)}"
+        )
+    # A run meets the conflicts first (in its scan), then the regressions (in its progress).
+    kind: type[DataError] = ConflictingDuplicateError if conflicts else WatermarkRegressionError
+    listed = "in the JSON above" if as_json else "in 'replay inspect --json'"
+    return kind(
+        f"the archive has findings that would stop 'replay run': {'; '.join(found)} (every one {listed}, "
+        "under integrity)",
+        todo="fix the archive or set on_conflict: keep_first / watermark_regression: clamp",
+    )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -18,7 +18,10 @@ __all__ = ["jvm_archive"]
 def jvm_archive(
     path: Annotated[
         Path | None,
-        typer.Option(help="Where to write it (default: the place runs look, under the user's cache directory)."),
+        typer.Option(
+            help="Where to write it (default: the place runs look, REPLAY_JVM_ARCHIVE if set, else "
+            "share/replay/spark-<key>.jsa in this Python environment, e.g. .venv/share/replay/)."
+        ),
     ] = None,
     if_missing: Annotated[
         bool, typer.Option("--if-missing", help="Do nothing when a usable archive is there.")

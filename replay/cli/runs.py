@@ -22,7 +22,8 @@ def _timestamp(value: str | None, option: str) -> int | None:
     try:
         return parse_timestamp(value)
     except ValueError as exc:
-        raise typer.BadParameter(f"{exc} (e.g. 2026-01-01T00:00:00Z)", param_hint=option) from exc
+        # The message already carries an example (replay/core/timeutil.py).
+        raise typer.BadParameter(str(exc), param_hint=option) from exc
 
 
 def run_command(
@@ -33,8 +34,14 @@ def run_command(
     max_buffers: Annotated[int | None, typer.Option(help="At most this many buffers per micro-batch.")] = None,
     max_tuples: Annotated[int | None, typer.Option(help="At most this many tuples per micro-batch.")] = None,
     spark_master: Annotated[str | None, typer.Option(help="Spark master URL (overrides the job's).")] = None,
-    start: Annotated[str | None, typer.Option(help="Backfill from this event time (inclusive, ISO 8601).")] = None,
-    end: Annotated[str | None, typer.Option(help="Backfill up to this event time (exclusive, ISO 8601).")] = None,
+    start: Annotated[
+        str | None,
+        typer.Option(help="Backfill from this event time (inclusive, ISO 8601 with a UTC offset (Z or +hh:mm))."),
+    ] = None,
+    end: Annotated[
+        str | None,
+        typer.Option(help="Backfill up to this event time (exclusive, ISO 8601 with a UTC offset (Z or +hh:mm))."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     summary_file: Annotated[
         Path | None,

@@ -52,7 +52,7 @@ def parse_duration(text: str | int | timedelta) -> int:
     would be a guess.
 
     Raises:
-        ValueError: the text is not a number followed by one of us, ms, s, m, h, d.
+        ValueError: the text is not a whole number followed by one of us, ms, s, m, h, d.
     """
     if isinstance(text, timedelta):
         return (text.days * 86400 + text.seconds) * MICROS_PER_SECOND + text.microseconds
@@ -61,7 +61,8 @@ def parse_duration(text: str | int | timedelta) -> int:
     match = _DURATION.match(text)
     if match is None:
         raise ValueError(
-            f"duration {text!r} is not a number followed by one of us, ms, s, m, h, d (e.g. 60s, 5m, 250ms)"
+            f"duration {text!r} is not a whole number followed by a unit (us, ms, s, m, h, d), "
+            "e.g. 30s for half a minute"
         )
     return int(match.group(1)) * _UNITS[match.group(2)]
 

@@ -28,7 +28,7 @@ driver_app = typer.Typer(
 _DIR = typer.Option(
     "--dir",
     envvar="REPLAY_DRIVER",
-    help="The driver's home: where it publishes its address and key [default: ~/.replay/driver].",
+    help="The driver's home: where it publishes its address and key (default: ~/.replay/driver).",
 )
 log = logging.getLogger("replay.driver")
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from replay.core.buffer import Buffer, PackedBuffers
 from replay.core.errors import BadBufferError, Location
+from replay.core.timeutil import format_ts
 from replay.engine.archive import ArchiveLayout
 
 if TYPE_CHECKING:
@@ -117,6 +118,8 @@ def check_copy(rec: dict[str, Any], layout: ArchiveLayout, chunk_base: int) -> N
                 code="archive.null_metadata",
             )
         if 0 < count < rec["rows"] or low != high:
+            if column in layout.time_columns:  # microseconds since the epoch: shown as ISO 8601 UTC
+                low, high = format_ts(low), format_ts(high)
             raise BadBufferError(
                 f"the rows of one buffer disagree on '{column}' (values from {low} to {high}, {count} of "
                 f"{rec['rows']} non-null)",

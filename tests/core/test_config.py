@@ -57,7 +57,7 @@ def test_examples_in_repo_load() -> None:
         ({"windows": [window(size="-5s")]}, "windows.0", "size must be positive"),
         ({"windows": [window(kind="sliding", slide="2m")]}, "windows.0", "slide 2m is larger than size 1m"),
         ({"windows": [window(kind="sliding")]}, "windows.0", "needs a slide"),
-        ({"windows": [window(size="60")]}, "windows.0.size", "one of us, ms, s, m, h, d"),
+        ({"windows": [window(size="60")]}, "windows.0.size", "a whole number followed by a unit (us, ms, s, m, h, d)"),
         ({"windows": [window(size=60)]}, "windows.0.size", "has no unit"),
         ({"windows": [window(aggregations=[{"fn": "sum"}])]}, "windows.0.aggregations.0", "needs a column"),
         (

@@ -32,6 +32,11 @@ def test_parse_duration_refuses_unitless_and_garbage(text: object) -> None:
         parse_duration(text)  # type: ignore[arg-type]
 
 
+def test_a_fractional_duration_is_refused_as_not_whole() -> None:
+    with pytest.raises(ValueError, match=r"'0\.5m' is not a whole number followed by a unit \(us, ms, s, m, h, d\)"):
+        parse_duration("0.5m")
+
+
 @pytest.mark.parametrize("micros", [0, 1, 1000, 60_000_000, 90_000_000, 86_400_000_000, 1_500])
 def test_format_duration_round_trips(micros: int) -> None:
     assert parse_duration(format_duration(micros)) == micros

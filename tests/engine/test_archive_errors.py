@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +203,23 @@ def test_bad_buffers(
     for name, value in where.items():
         assert getattr(err.value, name) == value, (name, str(err.value))
     assert "What to do" in str(err.value)
+
+
+def test_disagreeing_time_metadata_is_shown_as_timestamps(tmp_path: Path) -> None:
+    from replay.engine.copy_checks import check_copy
+
+    write(tmp_path / "a.parquet", [row()])
+    layout = inspect_schema(parse_config({"archive": str(tmp_path)}))
+    t = 1_767_225_616_003_146  # 2026-01-01T00:00:16.003146Z
+    rec: dict[str, Any] = {"_file": "a.parquet", "origin": 1, "sequence": 1, "chunk": 1, "rows": 2}
+    for name, low, high in (("last_chunk", 1, 1), ("ingest", 0, 0), ("wm0", t, t + 1000)):
+        rec |= {f"{name}_n": 2, f"{name}_min": low, f"{name}_max": high}
+    shown = "values from 2026-01-01T00:00:16.003146Z to 2026-01-01T00:00:16.004146Z,"
+    with pytest.raises(BadBufferError, match=re.escape(shown)):
+        check_copy(rec, layout, 1)
+    rec |= {"wm0_max": t, "last_chunk_min": 0}  # not a time column: its values as they are
+    with pytest.raises(BadBufferError, match="'last_chunk' \\(values from 0 to 1,"):
+        check_copy(rec, layout, 1)
 
 
 def test_conflicting_duplicate_names_both_files(tmp_path: Path, spark: Any) -> None:

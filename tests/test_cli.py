@@ -270,3 +270,37 @@ def test_a_run_s_spark_ends_with_the_command(tmp_path: Path, spark: Any) -> None
             if os.getsid(process.pid) == command.pid and process.info["status"] != psutil.STATUS_ZOMBIE:
                 left.append((process.pid, process.info["name"], " ".join(process.info["cmdline"] or [])[:200]))
     assert left == []
+
+
+@pytest.mark.spark
+def test_a_backfill_keeps_a_checkpoint_of_its_own_beside_the_job_s(tmp_path: Path, spark: Any) -> None:
+    """The job file's checkpoint is its replay of the whole archive's: ``--start/--end`` without
+    ``--checkpoint`` keeps the range's beside it, so the backfill runs after the full replay, and
+    again with nothing new; ``--checkpoint`` names one outright."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    from replay.core.timeutil import format_ts
+    from replay.runner.loop import range_checkpoint
+
+    archive = tmp_path / "archive"
+    assert runner.invoke(app, ["generate", str(archive), *GENERATE]).exit_code == 0
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"archive: {archive}\noutput: {tmp_path / 'out'}\ncheckpoint: {tmp_path / 'ckpt'}\n"
+        "windows: [{name: w, size: 500ms, aggregations: [{fn: count}]}]\n"
+    )
+    assert runner.invoke(app, ["run", "--config", str(job)]).exit_code == 0
+    times = ds.dataset(archive).to_table(columns=["event_time"])["event_time"].cast("int64")
+    low, high = pc.min(times).as_py(), pc.max(times).as_py()
+    start, end = low + (high - low) // 4, low + (high - low) // 2
+    backfill = ["run", "--config", str(job), "--start", str(format_ts(start)), "--end", str(format_ts(end)), "--json"]
+    first = runner.invoke(app, backfill)
+    assert first.exit_code == 0, first.output
+    summary = json.loads(first.stdout)
+    assert summary["checkpoint"] == range_checkpoint(str(tmp_path / "ckpt"), start, end)
+    assert summary["version"] == 2 and summary["new_version"]
+    again = json.loads(runner.invoke(app, backfill).stdout)
+    assert again["version"] == 2 and not again["new_version"] and again["batches"] == 0
+    named = runner.invoke(app, [*backfill, "--checkpoint", str(tmp_path / "mine")])
+    assert named.exit_code == 0 and json.loads(named.stdout)["checkpoint"] == str(tmp_path / "mine")

@@ -93,6 +93,8 @@ def submitted(job: Any, context: Any, conn_id: str, log: Any) -> dict[str, Any]:
         job_file, summary_file = Path(tmp, "job.json"), Path(tmp, "summary.json")
         job_file.write_text(json.dumps(job.config.model_dump(mode="json")), encoding="utf-8")
         args = ["run", "--config", str(job_file), "--summary-file", str(summary_file)]
+        if job.config.checkpoint:  # named outright: the plan chose it for this range already
+            args += ["--checkpoint", str(job.config.checkpoint)]
         for option, bound in (("--start", job.start), ("--end", job.end)):
             text = format_ts(bound)  # exact: sub-millisecond digits are kept
             if text is not None:

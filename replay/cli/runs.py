@@ -30,7 +30,13 @@ def run_command(
     config: Annotated[Path, typer.Option("--config", "-c", help="Job YAML file.")],
     archive: Annotated[str | None, typer.Option(help="Archive directory or URI (overrides the job's).")] = None,
     output: Annotated[str | None, typer.Option(help="Output directory (overrides the job's).")] = None,
-    checkpoint: Annotated[str | None, typer.Option(help="Checkpoint directory (overrides the job's).")] = None,
+    checkpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="Checkpoint directory (overrides the job's). With --start/--end and none given, a backfill keeps "
+            "its own: beside the job's (CHECKPOINT.range_<start>_<end>), or OUTPUT/_checkpoints/range_<start>_<end>."
+        ),
+    ] = None,
     max_buffers: Annotated[int | None, typer.Option(help="At most this many buffers per micro-batch.")] = None,
     max_tuples: Annotated[int | None, typer.Option(help="At most this many tuples per micro-batch.")] = None,
     spark_master: Annotated[str | None, typer.Option(help="Spark master URL (overrides the job's).")] = None,
@@ -70,6 +76,11 @@ def run_command(
         micro.update({k: v for k, v in (("max_buffers", max_buffers), ("max_tuples", max_tuples)) if v is not None})
         spark = job.spark.model_dump() | ({"master": spark_master} if spark_master else {})
         job = job.with_overrides(archive=archive, output=output, checkpoint=checkpoint, micro_batch=micro, spark=spark)
+        if (range_start, range_end) != (None, None) and checkpoint is None and job.checkpoint:
+            # The job file's checkpoint is its replay of the whole archive's; a backfill keeps its own.
+            from replay.runner.loop import range_checkpoint
+
+            job = job.with_overrides(checkpoint=range_checkpoint(job.checkpoint, range_start, range_end))
         with Steps(
             {"footers": "reading footers", "scan": "scanning buffers (Spark)", "batch": "micro-batches"}
         ) as steps:

@@ -173,6 +173,8 @@ def print_run(summary: RunSummary, data: dict[str, Any]) -> None:
     typer.echo(f"pending:     {summary.pending_tuples} tuples; duplicate copies discarded: {summary.duplicate_copies}")
     for key, marks in data["watermarks"].items():
         typer.echo(f"watermark:   {key}: global {marks['global']}, effective {marks['effective']}")
+    for name, mark in data["output_watermarks"].items():
+        typer.echo(f"output wm:   {name}: {mark}")
 
 
 def print_status(data: dict[str, Any]) -> None:
@@ -204,6 +206,10 @@ def print_status(data: dict[str, Any]) -> None:
         "open windows: "
         + ", ".join(f"{n} {c}" for n, c in data["open_windows"].items())
         + f"; pending: {data['pending_buffers']} buffers ({data['pending_tuples']} tuples)"
+    )
+    console.print(
+        "output watermarks (min(E_k, oldest open window's end - 1 ms)): "
+        + ", ".join(f"{n} {mark}" for n, mark in data["output_watermarks"].items())
     )
     for line in data["corrupt"]:
         console.print(f"[yellow]checkpoint.corrupt[/yellow]: {line} (the next run sets it aside and redoes it)")

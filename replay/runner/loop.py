@@ -60,6 +60,7 @@ from replay.store import state as _state
 from replay.store.checkpoint import CheckpointStore
 from replay.store.outputs import decode_schema, list_versions, read_manifest
 from replay.store.records import Commit, RunIntent
+from replay.store.status import output_watermarks
 from replay.store.tables import write_run_version
 
 if TYPE_CHECKING:
@@ -426,4 +427,5 @@ class _Runner:
             watermarks={k["key"]: (k["global"], k["effective"]) for k in keys},
             seconds=0.0,
             notes=tuple(self.notes),
+            output_watermarks=output_watermarks(self.store, commit, progress, self.config.windows),
         )

@@ -3,7 +3,7 @@ tasks push, in one record."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from replay.core.timeutil import format_ts
@@ -33,6 +33,7 @@ class RunSummary:
     seconds: float
     stale_lock: LockInfo | None = None
     notes: tuple[str, ...] = ()
+    output_watermarks: dict[str, int | None] = field(default_factory=dict)  # window -> min(E_k, oldest open end - 1 ms)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -52,6 +53,7 @@ class RunSummary:
             "watermarks": {
                 k: {"global": format_ts(g), "effective": format_ts(e)} for k, (g, e) in self.watermarks.items()
             },
+            "output_watermarks": {name: format_ts(value) for name, value in self.output_watermarks.items()},
             "seconds": round(self.seconds, 3),
             "stale_lock": asdict(self.stale_lock) if self.stale_lock is not None else None,
             "notes": list(self.notes),

@@ -230,9 +230,10 @@ def test_an_output_location_that_cannot_be_written_is_a_clear_error(tmp_path: Pa
     (tmp_path / "a-file").write_text("")
     job = tmp_path / "job.yaml"
     job.write_text(f"archive: {archive}\noutput: {tmp_path / 'a-file' / 'out'}\n")
-    result = runner.invoke(app, ["run", "--config", str(job)])
-    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)  # not a traceback
-    assert "[storage.io]" in result.stderr and "Not a directory" in result.stderr and "a-file" in result.stderr
+    result = runner.invoke(app, ["run", "--config", str(job)])  # refused before any work
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit)  # not a traceback
+    text = " ".join(result.stderr.split())
+    assert "[config.not_a_directory]" in text and f"under {tmp_path / 'a-file'}, which is a file" in text
     assert "Traceback" not in result.stderr
     generated = runner.invoke(app, ["generate", str(tmp_path / "a-file" / "archive"), *GENERATE])
     assert generated.exit_code == 1 and "[storage.io]" in generated.stderr and "generate it again" in generated.stderr

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-__all__ = ["local_path"]
+__all__ = ["check_directory", "local_path"]
 
 
 def local_path(uri: str) -> str | None:
@@ -15,3 +16,28 @@ def local_path(uri: str) -> str | None:
     if len(parsed.scheme) == 1:  # a Windows drive letter, not a scheme
         return uri
     return None
+
+
+def check_directory(setting: str, uri: str) -> None:
+    """Refuse a local location for ``setting`` (``output``, ``checkpoint``) that is a file, or lies
+    under one, before any work: a missing directory is created when it is first written.
+
+    Raises:
+        ConfigError: ``config.not_a_directory``, naming the file in the way.
+    """
+    from replay.core.errors import ConfigError, Location
+
+    local = local_path(uri)
+    if local is None:
+        return
+    for path in (Path(local), *Path(local).absolute().parents):
+        if path.is_dir():
+            return
+        if path.exists():
+            what = "is a file" if path == Path(local) else f"is under {path}, which is a file"
+            raise ConfigError(
+                f"the {setting} location {local} {what}, not a directory",
+                where=Location(file=str(path), field=setting),
+                todo=f"point '{setting}' (or --{setting}) at a directory; a missing one is created",
+                code="config.not_a_directory",
+            )

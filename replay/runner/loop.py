@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from replay.core.config import JobConfig, lenient_change
 from replay.core.errors import ConfigError, EmptyArchiveError, Location, ReplayError, storage_errors
-from replay.core.paths import local_path
+from replay.core.paths import check_directory, local_path
 from replay.core.timeutil import format_ts
 from replay.engine.archive import (
     discover_files,
@@ -144,6 +144,8 @@ def run(
     # Absolute for the same reason as the output: Spark writes the open-window state, and the JVM
     # resolves a relative path against its own working directory, not this process's.
     checkpoint = str(Path(checkpoint).absolute()) if local_path(checkpoint) is not None else checkpoint
+    check_directory("output", output)
+    check_directory("checkpoint", checkpoint)
     store = CheckpointStore(checkpoint)
     result_fields = config.fingerprint_fields() | {"range": [format_ts(start), format_ts(end)]}
     fingerprint = hashlib.sha256(json.dumps(result_fields, sort_keys=True).encode()).hexdigest()

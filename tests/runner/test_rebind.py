@@ -14,7 +14,6 @@ from replay.core.config import JobConfig, parse_config
 from replay.core.errors import (
     ConflictingDuplicateError,
     IncompatibleCheckpointError,
-    StorageError,
     WatermarkRegressionError,
 )
 from replay.core.timeutil import parse_timestamp
@@ -77,10 +76,10 @@ def test_a_checkpoint_without_a_commit_takes_the_settings_the_error_advised(spar
 
 def test_a_checkpoint_without_a_commit_takes_another_output(spark: Any, tmp_path: Path) -> None:
     archive = tmp_path / "archive"
-    write_archive(archive, buffer_rows(1, 1, watermark=T0 + 2 * SECOND, events=[(T0 + 1, 1, 1.0)]))
-    (tmp_path / "a-file").write_text("")
-    with pytest.raises(StorageError):
-        run(_job(tmp_path, archive).with_overrides(output=str(tmp_path / "a-file" / "out")), spark=spark)
+    _conflicting(archive)
+    with pytest.raises(ConflictingDuplicateError):
+        run(_job(tmp_path, archive).with_overrides(output=str(tmp_path / "elsewhere")), spark=spark)
+    (archive / "b.parquet").unlink()
     summary = run(_job(tmp_path, archive), spark=spark)
     assert summary.version == 1 and any("output" in note and "no commit" in note for note in summary.notes)
 

@@ -254,7 +254,7 @@ LENIENT_CHANGES = frozenset(
 
 def lenient_change(name: str, before: Any, after: Any) -> bool:
     """Whether a checkpoint written with ``name: before`` continues under ``name: after``."""
-    return (name, before, after) in LENIENT_CHANGES
+    return any((name, before, after) == change for change in LENIENT_CHANGES)  # values may be lists
 
 
 class JobConfig(_Model):

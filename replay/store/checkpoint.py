@@ -60,6 +60,25 @@ class ResumePoint:
     skipped: tuple[str, ...] = ()
 
 
+def _changes(before: Any, after: Any, path: str = "") -> list[str]:
+    """What differs between two settings' values, one line per leaf: ``[w].size '5s' -> '1m'``
+    (lists of named settings, such as windows, matched by name)."""
+    if before == after:
+        return []
+    if isinstance(before, Mapping) and isinstance(after, Mapping):
+        keys = sorted(set(before) | set(after))
+        return [line for key in keys for line in _changes(before.get(key), after.get(key), f"{path}.{key}")]
+    if isinstance(before, list) and isinstance(after, list) and _named(before) and _named(after):
+        old, new = {item["name"]: item for item in before}, {item["name"]: item for item in after}
+        names = sorted(set(old) | set(new))
+        return [line for n in names for line in _changes(old.get(n), new.get(n), f"{path}[{n}]")]
+    return [f"{path.lstrip('.')} {before!r} -> {after!r}".lstrip()]
+
+
+def _named(items: list[Any]) -> bool:
+    return all(isinstance(item, Mapping) and isinstance(item.get("name"), str) for item in items)
+
+
 def _diff(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     return sorted(name for name in set(stored) | set(current) if stored.get(name) != current.get(name))
 
@@ -108,7 +127,7 @@ class CheckpointStore:
             write_record(self.root / "checkpoint.json", identity)
             return {"format_version": RECORD_FORMAT_VERSION, **identity}
         differing = _diff(stored["fields"], fields) if stored["fingerprint"] != fingerprint else []
-        changes = {name: f"{stored['fields'].get(name)!r} -> {fields.get(name)!r}" for name in differing}
+        changes = {name: "; ".join(_changes(stored["fields"].get(name), fields.get(name))) for name in differing}
         if stored["output"] != output:
             changes["output"] = f"{stored['output']!r} -> {output!r}"
         if not changes:

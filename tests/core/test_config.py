@@ -133,3 +133,14 @@ def test_json_schema_describes_the_form() -> None:
     assert {"archive", "windows", "lateness", "micro_batch", "spark"} <= set(schema["properties"])
     size = schema["$defs"]["WindowSpec"]["properties"]["size"]
     assert size["type"] == "string" and "pattern" in size
+
+
+def test_lenient_changes_are_from_fail_to_the_lenient_policy_only() -> None:
+    from replay.core.config import lenient_change
+
+    assert lenient_change("on_conflict", "fail", "keep_first")
+    assert lenient_change("watermark_regression", "fail", "clamp")
+    assert not lenient_change("watermark_regression", "clamp", "fail")
+    assert not lenient_change("gap_policy", "wait", "skip")
+    assert not lenient_change("windows", [{"name": "w", "size": "1s"}], [{"name": "w", "size": "2s"}])
+    assert not lenient_change("columns", {"key": "k"}, {"key": "id"})

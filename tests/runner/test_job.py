@@ -311,6 +311,12 @@ def test_an_incompatible_configuration_is_refused_naming_the_fields(archive: Pat
         run(changed, spark=spark)
     assert "'gap_policy'" in raised.value.message and "'lateness'" in raised.value.message
     assert raised.value.exit_code == 2
+    # A window's setting is named down to the field that differs.
+    windows = [w.model_dump(mode="json") for w in config.windows]
+    windows[0]["size"] = "2s"
+    with pytest.raises(IncompatibleCheckpointError) as resized:
+        run(config.with_overrides(windows=windows), spark=spark)
+    assert resized.value.where.extra == {"windows": f"[{config.windows[0].name}].size '500ms' -> '2s'"}
     # Settings that do not change results are fine.
     run(config.with_overrides(micro_batch={"max_buffers": 2}, retain=3), spark=spark)
 

@@ -252,6 +252,7 @@ def list_replays(mount: str = "") -> dict[str, Any]:
             watermarks=[{"key": k["key"], "global": k["global"], "effective": k["effective"]} for k in status["keys"]],
             windows_emitted=status["windows_emitted"],
             open_windows=status["open_windows"],
+            output_watermarks=status["output_watermarks"],
             late_tuples=status["late_tuples"],
             pending_tuples=status["pending_tuples"],
             versions=status["versions"],

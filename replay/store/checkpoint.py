@@ -58,6 +58,7 @@ class ResumePoint:
 
     commit: Commit | None
     skipped: tuple[str, ...] = ()
+    skipped_batches: tuple[int, ...] = ()  # the batches of the commits in ``skipped``
 
 
 def _changes(before: Any, after: Any, path: str = "") -> list[str]:
@@ -274,7 +275,8 @@ class CheckpointStore:
                     os.replace(path, path.with_name(path.name + ".corrupt"))
                 if bad:
                     fsync_dir(self.root / "commits")
-            return ResumePoint(commit=record, skipped=tuple(skipped))
+            batches = tuple(int(path.name.split(".")[0]) for path in bad)
+            return ResumePoint(commit=record, skipped=tuple(skipped), skipped_batches=batches)
         if commits:
             raise CheckpointCorruptError(
                 f"none of the checkpoint's {len(commits)} commit(s) is intact: " + "; ".join(skipped),

@@ -82,7 +82,7 @@ def checkpoint_status(checkpoint: str | Path) -> dict[str, Any]:
         "checkpoint": str(checkpoint),
         "output": identity["output"],
         "versions": list_versions(identity["output"]),
-        "commits": store.commits(),
+        "commits": [batch for batch in store.commits() if point is None or batch not in point.skipped_batches],
         "batch": commit.batch,
         "run": commit.run,
         "finished": commit.finish,

@@ -137,6 +137,10 @@ def test_the_json_lists_every_replay_with_its_progress(server: str, replays: tup
     ]
     assert daily["stream_cut"] == {str(o): c for o, c in expected["stream_cut"].items()}
     assert daily["batch"] == expected["batch"] == 2
+    assert (
+        daily["output_watermarks"] == expected["output_watermarks"]
+        and None not in expected["output_watermarks"].values()
+    )
 
 
 def test_each_replay_links_its_report_data_docs_and_the_dag_runs_that_wrote_it(
@@ -241,6 +245,7 @@ def test_the_page_renders_in_headless_chromium(server: str, tmp_path: Path) -> N
     assert "state-finished" in dom and "state-interrupted" in dom
     assert "not published" in dom and "run version 1: passed validation" in dom
     assert 'class="gk"' in dom and "1: " in dom  # G_k per key, the stream cut per origin
+    assert " open, output wm 20" in dom  # each window aggregation's output watermark (a timestamp)
     assert '<a class="report" href="/files/daily/_report/index.html">HTML report</a>' in dom
     assert 'class="data-docs"' in dom and "no report yet" in dom  # the partial copy has none
     assert f">replay_scheduled / {RUN_ID}</a>" in dom and "manual: replayed v1, validated v1" in dom

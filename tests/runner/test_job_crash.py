@@ -272,6 +272,7 @@ def test_a_corrupt_commit_is_set_aside_and_its_batch_redone(
         assert status.returncode == 0, status.stderr
         shown = json.loads(status.stdout)
         assert shown["batch"] == last - 1 and len(shown["corrupt"]) == 1, shown
+        assert shown["commits"][-1] == last - 1  # the kept commits are the intact ones
         assert shown["corrupt"][0].startswith(f"commit {last}:") and fault in shown["corrupt"][0], shown
         summary = run(config, spark=spark)
         assert any(n.startswith(f"checkpoint.corrupt: commit {last}") for n in summary.notes), summary.notes

@@ -15,6 +15,9 @@ does; each batch is still checked and committed on its own. The steps:
 3. per batch in order, ``replay.runner.commit.commit_batch``: the ledger's check, the batch's
    files and its commit.
 
+Bad input met while a batch is fed (a watermark regression under ``fail``) stops the run at that
+batch: the pass's batches before it are aggregated and committed first, the failing one is not.
+
 A commit inside a pass names the open windows the pass started from plus the copies its batches
 read up to it (``Commit.carry``): resuming there, the next pass reads those copies' tuples again
 into the open windows, dropping windows the committed batches already emitted.
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replay.core.buffer import Buffer
+from replay.core.errors import DataError
 from replay.core.progress import Decision
 from replay.engine.aggregate import run_pass
 from replay.engine.buffers import release_arrow_memory
@@ -63,8 +67,15 @@ def process(
     planned: list[Planned] = []
     moved = False
     emitted = floor
+    failed: DataError | None = None
     for index, batch_in in enumerate(batches):
-        step = _plan(ctx, state, batch_in, first + index)
+        try:
+            step = _plan(ctx, state, batch_in, first + index)
+        except DataError as error:  # bad input in this batch (a regression): the batches before it still commit
+            if not planned:
+                raise
+            failed = error
+            break
         planned.append(step)
         moved = moved or step.emission != emitted  # windows may become due
         emitted = step.emission
@@ -89,6 +100,8 @@ def process(
     if results is not None:
         state.carry_reads = []  # the pass's open windows hold them now
     release_arrow_memory()  # the decision table and the files written: none of it is kept
+    if failed is not None:  # the engine, fed part of the failing batch, is not used again
+        raise failed
     return committed
 
 

@@ -118,3 +118,27 @@ def test_a_checkpoint_with_commits_takes_a_lenient_policy_and_goes_on_as_if_it_h
     with pytest.raises(IncompatibleCheckpointError) as back:
         run(strict, spark=spark)
     assert "watermark_regression" in str(back.value)
+
+
+def test_the_batches_before_a_regression_commit_and_the_lenient_policy_goes_on_from_them(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A regression found while a pass's fourth batch is fed: its first three batches commit, the
+    fourth does not; with ``clamp`` the run goes on from them, as a fresh ``clamp`` run would."""
+    archive = tmp_path / "archive"
+    rows = []
+    for seq, mark in ((1, 2), (2, 3), (3, 4), (4, 1), (5, 6)):  # sequence 4's watermark goes back
+        rows += buffer_rows(1, seq, watermark=T0 + mark * SECOND, events=[(T0 + seq * SECOND, seq % 2, float(seq))])
+    write_archive(archive, rows)
+    strict = _job(tmp_path, archive, micro_batch={"max_buffers": 1})
+    with pytest.raises(WatermarkRegressionError) as raised:
+        run(strict, spark=spark)
+    assert (raised.value.where.origin, raised.value.where.sequence) == (1, 4)
+    store = CheckpointStore(tmp_path / "ckpt")
+    assert store.commits() == [1, 2, 3]
+    lenient = _job(tmp_path, archive, watermark_regression="clamp", micro_batch={"max_buffers": 1})
+    summary = run(lenient, spark=spark)
+    assert summary.resumed and summary.batches == 2
+    fresh = _job(tmp_path / "fresh", archive, watermark_regression="clamp")
+    run(fresh, spark=spark)
+    assert _results(lenient) == _results(fresh)

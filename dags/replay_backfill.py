@@ -27,6 +27,7 @@ from replay_airflow import (
     ReplayRunOperator,
     ReplayValidateOperator,
     job_params,
+    task_defaults,
 )
 
 DEFAULT_WINDOWS = [
@@ -40,6 +41,7 @@ DEFAULT_WINDOWS = [
 ]
 
 with DAG(
+    default_args=task_defaults(),  # operational failures retried (replay_airflow.defaults)
     dag_id="replay_backfill",
     description="Rebuild window outputs for a past event-time range",
     doc_md=__doc__,

@@ -15,9 +15,10 @@ from datetime import UTC, datetime
 
 from airflow.sdk import DAG, Param
 
-from replay_airflow import PUBLISHED_WINDOWS, ReplayReportOperator, ReplayValidateOperator
+from replay_airflow import PUBLISHED_WINDOWS, ReplayReportOperator, ReplayValidateOperator, task_defaults
 
 with DAG(
+    default_args=task_defaults(),  # operational failures retried (replay_airflow.defaults)
     dag_id="replay_quality_report",
     description="Validate the current publication; write Data Docs and the HTML report",
     doc_md=__doc__,

@@ -21,6 +21,7 @@ from replay_airflow import (
     ReplayRunOperator,
     ReplayValidateOperator,
     job_params,
+    task_defaults,
 )
 
 DEFAULT_WINDOWS = [
@@ -34,6 +35,7 @@ DEFAULT_WINDOWS = [
 ]
 
 with DAG(
+    default_args=task_defaults(),  # operational failures retried (replay_airflow.defaults)
     dag_id="replay_scheduled",
     description="Replay new archive files from the checkpoint, validate, publish",
     doc_md=__doc__,

@@ -12,9 +12,10 @@ from datetime import UTC, datetime
 
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param
 
-from replay_airflow import WatermarkSensor
+from replay_airflow import WatermarkSensor, task_defaults
 
 with DAG(
+    default_args=task_defaults(),  # operational failures retried (replay_airflow.defaults)
     dag_id="replay_watermark_gate",
     description="Wait until the scheduled replay's watermark passes the end of the day",
     doc_md=__doc__,

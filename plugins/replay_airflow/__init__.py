@@ -9,6 +9,7 @@ import it stay cheap to parse. The UI page (``replay_airflow.ui``) and the trigg
 from __future__ import annotations
 
 from replay_airflow.assets import PUBLISHED_WINDOWS
+from replay_airflow.defaults import task_defaults
 from replay_airflow.hooks import CheckpointHook, find_checkpoints
 from replay_airflow.operators import (
     ReplayPlanOperator,
@@ -35,4 +36,5 @@ __all__ = [
     "configured_roots",
     "find_checkpoints",
     "job_params",
+    "task_defaults",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -182,9 +183,26 @@ class MicroBatch(_Model):
     max_tuples_per_pass: int | None = Field(default=20_000_000, gt=0)
 
 
+#: Spark master URLs Spark accepts: local ones, a standalone cluster, YARN, Kubernetes.
+_MASTER = re.compile(
+    r"^(local(\[(\*|[1-9]\d*)(,[1-9]\d*)?\])?|local-cluster\[[1-9]\d*,[1-9]\d*,[1-9]\d*\]"
+    r"|spark://[^\s]+|yarn|k8s://[^\s]+)$"
+)
+
+
 class SparkSettings(_Model):
     master: str = "local[*]"
     conf: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("master")
+    @classmethod
+    def _known_master(cls, value: str) -> str:
+        if not _MASTER.match(value):
+            raise ValueError(
+                f"{value!r} is not a Spark master URL: local, local[N], local[*], local[N,F], "
+                "spark://host:port (a standalone cluster), yarn or k8s://host:port"
+            )
+        return value
 
 
 class ValidationSettings(_Model):

@@ -226,7 +226,8 @@ def scan_buffers(
                     extra={"other_file": other.file},
                 ),
                 todo="find out which copy is right and remove the other, or set 'on_conflict: keep_first' "
-                "to keep the earliest copy (the conflict is still reported)",
+                "to keep the earliest copy (the conflict is still reported, and validation's integrity suite blocks "
+                "publication beyond 'validation.max_conflicts', 0 unless raised)",
             )
         conflicts.append(conflict)
     kept = PackedBuffers(records[first_copy], file_of[first_copy], files, hash_of[first_copy], hash_names)

@@ -108,7 +108,8 @@ def _against_history(
                 f"already replayed) and {buf.file} (row {buf.row_start})",
                 where=Location(origin=buf.origin, sequence=buf.sequence, chunk=buf.chunk, file=buf.file),
                 todo="find out which copy is right and remove the other, or set 'on_conflict: keep_first' "
-                "to keep the replayed copy (the conflict is still reported)",
+                "to keep the replayed copy (the conflict is still reported, and validation's integrity suite blocks "
+                "publication beyond 'validation.max_conflicts', 0 unless raised)",
             )
         discarded.append(discard(kind, buf, buf.file, buf.row_start, buf.tuples, known.file))
     return new_at

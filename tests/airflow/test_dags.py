@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,8 @@ print(json.dumps({
     "replay_modules": sorted(m for m in sys.modules if m.startswith("replay.")),
     "engines": {d.dag_id: d.params.get_param("engine").schema.get("enum") for d in bag.dags.values()
                 if "engine" in d.params},
+    "retries": {d.dag_id: sorted({(t.retries, t.retry_delay.total_seconds()) for t in d.tasks})
+                for d in bag.dags.values()},
 }))
 """
 
@@ -137,3 +140,14 @@ def test_airflow_loads_the_plugin_with_its_ui_page(tmp_path: Path) -> None:
         {"app": "fastapi.applications.FastAPI", "url_prefix": "/replay", "name": "Replays"}
     ]
     assert plugin["external_views"][0]["href"] == "replay/" and plugin["external_views"][0]["destination"] == "nav"
+
+
+def test_every_task_retries_operational_failures(parsed: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two retries a minute apart by default (``replay_airflow.defaults``); bad input is never
+    retried (``tests/airflow/test_dags_e2e.py`` shows both)."""
+    assert parsed["retries"] == {dag: [[2, 60.0]] for dag in parsed["dags"]}  # type: ignore[union-attr]
+    from replay_airflow import task_defaults
+
+    monkeypatch.setenv("REPLAY_TASK_RETRIES", "0")
+    monkeypatch.setenv("REPLAY_TASK_RETRY_DELAY", "5")
+    assert task_defaults() == {"retries": 0, "retry_delay": timedelta(seconds=5)}

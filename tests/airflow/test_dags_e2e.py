@@ -218,5 +218,20 @@ def test_a_path_outside_the_roots_is_refused_before_spark_starts(airflow: Airflo
     assert result.returncode != 0
     text = result.stdout + result.stderr
     assert "airflow.path_outside_root" in text and "outside the archive root" in text
+    assert "new_state=up_for_retry" not in text  # bad input: never retried, whatever the task's retries
     assert "SparkContext" not in text and "Running Spark version" not in text
     assert not (airflow.root / "outputs" / "refused").exists()
+
+
+def test_an_operational_failure_is_retried(airflow: AirflowHome) -> None:
+    """The DAGs' tasks retry what is not the input's fault (``replay_airflow.defaults``): here the
+    kept driver is not up (``driver.unreachable``), as when a task starts before the driver's
+    service; with one retry the replay task is tried twice, then fails."""
+    generate_archive(airflow.root / "retried", GenerateOptions(origins=2, tuples=200, buffer_tuples=40, files=1))
+    conf = {"archive": "retried", "output": "outputs/retried", "engine": "kept_driver", **JOB}
+    env = {"REPLAY_DRIVER": str(airflow.root / "no-driver"), "REPLAY_TASK_RETRIES": "1", "REPLAY_TASK_RETRY_DELAY": "1"}
+    result = airflow.dags_test("replay_backfill", conf, check=False, env=env)
+    text = result.stdout + result.stderr
+    assert result.returncode != 0 and text.count("[driver.unreachable]") >= 2
+    states = [line.split("new_state=")[1].split()[0] for line in text.splitlines() if "new_state=" in line]
+    assert states == ["success", "up_for_retry", "failed"], states  # plan; replay, then replay again

@@ -106,3 +106,12 @@ def test_the_plan_refuses_bad_ranges_paths_and_settings_naming_them() -> None:
         resolve_job({**params, "windows": [{**WINDOW, "size": "0s"}]}, roots)
     with pytest.raises(ConfigError, match="unknown settings"):
         resolve_job({**params, "colour": "red"}, roots)
+
+
+def test_a_spark_master_spark_would_refuse_is_refused_by_the_plan() -> None:
+    """Before, ``local[abc]`` passed the plan and failed the replay task with Spark's own trace."""
+    roots = Roots(archive="/r", output="/r", checkpoint="/r")
+    params = {**_params().dump(), "spark_master": "local[abc]"}
+    with pytest.raises(ConfigError, match="not a Spark master URL") as raised:
+        resolve_job(params, roots)
+    assert raised.value.where.field == "spark.master"

@@ -144,3 +144,14 @@ def test_lenient_changes_are_from_fail_to_the_lenient_policy_only() -> None:
     assert not lenient_change("gap_policy", "wait", "skip")
     assert not lenient_change("windows", [{"name": "w", "size": "1s"}], [{"name": "w", "size": "2s"}])
     assert not lenient_change("columns", {"key": "k"}, {"key": "id"})
+
+
+@pytest.mark.parametrize("master", ["local", "local[*]", "local[2]", "local[2,3]", "spark://127.0.0.1:7077", "yarn"])
+def test_spark_masters_spark_takes_are_taken(master: str) -> None:
+    assert parse_config({"archive": "a", "spark": {"master": master}}).spark.master == master
+
+
+@pytest.mark.parametrize("master", ["local[abc]", "local[0]", "spark:/h", "", "127.0.0.1:7077"])
+def test_other_spark_masters_are_configuration_errors(master: str) -> None:
+    with pytest.raises(ConfigError, match="not a Spark master URL"):
+        parse_config({"archive": "a", "spark": {"master": master}})

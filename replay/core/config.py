@@ -364,11 +364,25 @@ class JobConfig(_Model):
         return parse_config(data, source="command-line options")
 
 
-def _describe_errors(exc: ValidationError, source: str) -> ConfigError:
+def _setting_path(loc: tuple[Any, ...], data: Any) -> str:
+    """A setting's path as the job file says it: a list item with a name by its name
+    (``windows[per_minute].size``), another by its index (``expected_origins.0``)."""
+    path = ""
+    for part in loc:
+        item = data[part] if isinstance(data, list) and isinstance(part, int) and part < len(data) else None
+        if isinstance(item, dict) and isinstance(item.get("name"), str):
+            path += f"[{item['name']}]"
+        else:
+            path += f".{part}" if path else str(part)
+        data = item if item is not None else (data.get(part) if isinstance(data, dict) else None)
+    return path
+
+
+def _describe_errors(exc: ValidationError, source: str, data: Any = None) -> ConfigError:
     lines = []
     first_field = None
     for err in exc.errors(include_url=False):
-        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        path = _setting_path(tuple(err["loc"]), data) or "(top level)"
         first_field = first_field or path
         value = err.get("input")
         shown = json.dumps(value, default=str) if not isinstance(value, dict) else "{...}"
@@ -397,7 +411,7 @@ def parse_config(data: dict[str, Any], *, source: str = "a dictionary") -> JobCo
     try:
         return JobConfig.model_validate(data)
     except ValidationError as exc:
-        raise _describe_errors(exc, source) from exc
+        raise _describe_errors(exc, source, data) from exc
 
 
 def load_config(path: str | Path) -> JobConfig:

@@ -265,10 +265,13 @@ def test_a_run_s_spark_ends_with_the_command(tmp_path: Path, spark: Any) -> None
     _, err = command.communicate()
     assert command.returncode == 0, err
     assert "java" in started.values()  # it did start its own JVM
-    left = []  # a zombie (ended, its exit status not yet collected by the system's init) does not count
+    # The JVM and Python processes (Spark's workers) the command started; a zombie (ended, its exit
+    # status not yet collected by the system's init) does not count, nor do the launcher's shells.
+    left = []
     for process in psutil.process_iter(["name", "status", "cmdline"]):
         with contextlib.suppress(psutil.Error, OSError):
-            if os.getsid(process.pid) == command.pid and process.info["status"] != psutil.STATUS_ZOMBIE:
+            ours = os.getsid(process.pid) == command.pid and process.info["status"] != psutil.STATUS_ZOMBIE
+            if ours and process.info["name"].startswith(("java", "python")):
                 left.append((process.pid, process.info["name"], " ".join(process.info["cmdline"] or [])[:200]))
     assert left == []
 

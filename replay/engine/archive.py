@@ -348,7 +348,7 @@ def inspect_schema(
             if agg.column is not None and cols.resolve(agg.column) not in schema.names:
                 raise ConfigError(
                     f"window '{window.name}' aggregates column '{agg.column}', which the archive does not have",
-                    where=Location(column=agg.column, field=f"windows.{window.name}.aggregations"),
+                    where=Location(column=agg.column, field=f"windows[{window.name}].aggregations"),
                     todo=f"name one of the archive's columns {sorted(schema.names)}",
                     code="config.unknown_column",
                 )

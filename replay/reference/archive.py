@@ -218,7 +218,7 @@ def _resolve_keys(config: JobConfig, archive_columns: Sequence[str]) -> dict[str
                 raise ConfigError(
                     what=f"window {spec.name!r} aggregates column {agg.column!r}, which the archive lacks",
                     todo="name one of the archive's columns",
-                    where=Location(column=agg.column, field=f"windows.{spec.name}.aggregations"),
+                    where=Location(column=agg.column, field=f"windows[{spec.name}].aggregations"),
                     code="config.unknown_column",
                 )
     return keys

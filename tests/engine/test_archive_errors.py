@@ -148,7 +148,7 @@ def test_configuration_against_archive(tmp_path: Path) -> None:
             )
         )
     assert err.value.column == "nope" and err.value.exit_code == 2
-    assert err.value.file is None and err.value.where.field == "windows.w.aggregations"  # the job's, not a file's
+    assert err.value.file is None and err.value.where.field == "windows[w].aggregations"  # the job's, not a file's
     with pytest.raises(ConfigError, match="watermark column 'wm2'"):
         inspect_schema(parse_config({"archive": str(tmp_path), "watermarks": {"default": {"watermark": "wm2"}}}))
     config = parse_config({"archive": str(tmp_path), "lateness": "arrival"})

@@ -12,33 +12,13 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from replay.core.config import JobConfig, parse_config
 from replay.core.errors import ArchiveReadError
-from replay.core.timeutil import parse_timestamp
 from replay.runner.loop import run
 from replay.store.checkpoint import CheckpointStore
-from replay.store.digest import digest
 from tests._archives import buffer_rows, write_archive
+from tests.runner._jobs import SECOND, T0, results, small_job
 
 pytestmark = pytest.mark.spark
-
-T0 = parse_timestamp("2026-01-01T00:00:00Z")
-SECOND = 1_000_000
-RESULTS = ("windows", "late", "integrity")
-
-
-def _job(root: Path, archive: Path, **extra: Any) -> JobConfig:
-    return parse_config(
-        {
-            "archive": str(archive),
-            "output": str(root / "out"),
-            "checkpoint": str(root / "ckpt"),
-            "windows": [
-                {"name": "w", "size": "1s", "aggregations": [{"fn": "count"}, {"fn": "sum", "column": "value"}]}
-            ],
-            **extra,
-        }
-    )
 
 
 def _sequences(archive: Path, name: str, first: int, last: int) -> Path:
@@ -59,18 +39,12 @@ def _damage(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-def _results(config: JobConfig) -> dict[str, str]:
-    assert config.output is not None
-    found = digest(config.output)
-    return {table: found[table] for table in RESULTS}
-
-
 def test_a_damaged_file_is_named_and_moving_it_out_lets_the_run_go_on(spark: Any, tmp_path: Path) -> None:
     archive = tmp_path / "archive"
     _sequences(archive, "a.parquet", 1, 3)
     damaged = _sequences(archive, "b.parquet", 4, 5)
     _damage(damaged)
-    config = _job(tmp_path, archive)
+    config = small_job(tmp_path, archive)
     with pytest.raises(ArchiveReadError) as raised:
         run(config, spark=spark)
     error = raised.value
@@ -81,9 +55,9 @@ def test_a_damaged_file_is_named_and_moving_it_out_lets_the_run_go_on(spark: Any
     shutil.move(damaged, tmp_path / "quarantined.parquet")
     summary = run(config, spark=spark)
     assert summary.buffers == 3 and any("planned again" in note for note in summary.notes)
-    fresh = _job(tmp_path / "fresh", archive)
+    fresh = small_job(tmp_path / "fresh", archive)
     run(fresh, spark=spark)
-    assert _results(config) == _results(fresh)
+    assert results(config) == results(fresh)
 
 
 def test_a_run_that_committed_batches_needs_its_files_back(spark: Any, tmp_path: Path) -> None:
@@ -92,7 +66,7 @@ def test_a_run_that_committed_batches_needs_its_files_back(spark: Any, tmp_path:
     damaged = _sequences(archive, "b.parquet", 4, 5)
     intact = damaged.read_bytes()
     _damage(damaged)
-    config = _job(tmp_path, archive, micro_batch={"max_buffers": 1, "max_batches_per_pass": 1})
+    config = small_job(tmp_path, archive, micro_batch={"max_buffers": 1, "max_batches_per_pass": 1})
     with pytest.raises(ArchiveReadError, match="footer reads"):
         run(config, spark=spark)
     store = CheckpointStore(tmp_path / "ckpt")
@@ -106,6 +80,6 @@ def test_a_run_that_committed_batches_needs_its_files_back(spark: Any, tmp_path:
 
     damaged.write_bytes(intact)  # an intact copy under the same name
     assert run(config, spark=spark).resumed
-    fresh = _job(tmp_path / "fresh", archive)
+    fresh = small_job(tmp_path / "fresh", archive)
     run(fresh, spark=spark)
-    assert _results(config) == _results(fresh)
+    assert results(config) == results(fresh)

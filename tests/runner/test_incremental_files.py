@@ -12,32 +12,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from replay.core.config import JobConfig, parse_config
 from replay.core.errors import ArchiveSchemaError
-from replay.core.timeutil import parse_timestamp
 from replay.runner.loop import run
 from replay.store.checkpoint import CheckpointStore
 from replay.store.digest import digest
 from replay.store.outputs import list_versions
 from tests._archives import archive_table, buffer_rows, write_archive
+from tests.runner._jobs import SECOND, T0, small_job
 
 pytestmark = pytest.mark.spark
-
-T0 = parse_timestamp("2026-01-01T00:00:00Z")
-SECOND = 1_000_000
-
-
-def _job(root: Path, archive: Path) -> JobConfig:
-    return parse_config(
-        {
-            "archive": str(archive),
-            "output": str(root / "out"),
-            "checkpoint": str(root / "ckpt"),
-            "windows": [
-                {"name": "w", "size": "1s", "aggregations": [{"fn": "count"}, {"fn": "sum", "column": "value"}]}
-            ],
-        }
-    )
 
 
 def _first(archive: Path) -> None:
@@ -65,7 +48,7 @@ def test_a_new_file_with_another_type_is_refused_and_the_run_goes_on_once_it_is_
 ) -> None:
     archive = tmp_path / "archive"
     _first(archive)
-    config = _job(tmp_path, archive)
+    config = small_job(tmp_path, archive)
     run(config, spark=spark)
     assert config.output is not None and config.checkpoint is not None
     before = CheckpointStore(config.checkpoint).commits()
@@ -85,7 +68,7 @@ def test_a_new_file_with_another_type_is_refused_and_the_run_goes_on_once_it_is_
 
     write_archive(archive, _second_rows(), name="part-00001.parquet")  # rewritten with the archive's types
     assert run(config, spark=spark).buffers == 2
-    whole = _job(tmp_path / "whole", archive)
+    whole = small_job(tmp_path / "whole", archive)
     run(whole, spark=spark)
     assert whole.output is not None
     assert digest(config.output) == digest(whole.output) | {"progress": digest(config.output)["progress"]}
@@ -96,12 +79,12 @@ def test_a_new_file_without_an_optional_column_reads_it_as_null_as_a_run_over_th
 ) -> None:
     archive = tmp_path / "archive"
     _first(archive)
-    config = _job(tmp_path, archive)
+    config = small_job(tmp_path, archive)
     run(config, spark=spark)
     write_archive(archive, _second_rows(value=False), name="part-00001.parquet")
     summary = run(config, spark=spark)
     assert summary.buffers == 2 and summary.windows_emitted > 0
-    whole = _job(tmp_path / "whole", archive)
+    whole = small_job(tmp_path / "whole", archive)
     run(whole, spark=spark)
     assert config.output is not None and whole.output is not None
     incremental, full = digest(config.output), digest(whole.output)
@@ -114,7 +97,7 @@ def test_new_files_without_a_row_are_nothing_new(spark: Any, tmp_path: Path) -> 
     """An archiver's empty file (a footer, no row) is no error for an incremental run: nothing new."""
     archive = tmp_path / "archive"
     _first(archive)
-    config = _job(tmp_path, archive)
+    config = small_job(tmp_path, archive)
     run(config, spark=spark)
     assert config.output is not None
     before = digest(config.output)

@@ -12,16 +12,13 @@ from typing import Any
 
 import pytest
 
-from replay.core.config import JobConfig, parse_config
-from replay.core.timeutil import parse_timestamp
 from replay.runner.loop import run
 from replay.store.digest import digest
 from tests._archives import buffer_rows, write_archive
+from tests.runner._jobs import SECOND, T0, small_job
 
 pytestmark = pytest.mark.spark
 
-T0 = parse_timestamp("2026-01-01T00:00:00Z")
-SECOND = 1_000_000
 _opened: list[str] | None = None
 
 
@@ -61,24 +58,10 @@ def _history(archive: Path, batches: int) -> None:
     write_archive(archive, rows, name="part-00000.parquet")
 
 
-def _job(root: Path, archive: Path, **extra: Any) -> JobConfig:
-    return parse_config(
-        {
-            "archive": str(archive),
-            "output": str(root / "out"),
-            "checkpoint": str(root / "ckpt"),
-            "windows": [
-                {"name": "w", "size": "1s", "aggregations": [{"fn": "count"}, {"fn": "sum", "column": "value"}]}
-            ],
-            **extra,
-        }
-    )
-
-
 def _resume_after(spark: Any, root: Path, batches: int) -> tuple[list[str], dict[str, str]]:
     archive = root / "archive"
     _history(archive, batches)
-    config = _job(root, archive, micro_batch={"max_buffers": 1})
+    config = small_job(root, archive, micro_batch={"max_buffers": 1})
     assert run(config, spark=spark).batches == batches
     # A new file: the next sequence, with a tuple and a watermark that closes the first windows.
     write_archive(
@@ -114,7 +97,7 @@ def test_resume_opens_as_many_checkpoint_files_after_200_batches_as_after_10(spa
             or (path.name.startswith(("b00000200-", "b00000201-")) and path.name.endswith("-files.parquet"))
         ), kinds(long)
     # The same answer as one run over both files in one batch.
-    fresh = _job(tmp_path / "fresh", tmp_path / "long" / "archive")
+    fresh = small_job(tmp_path / "fresh", tmp_path / "long" / "archive")
     run(fresh, spark=spark)
     assert fresh.output is not None
     once = digest(fresh.output)

@@ -10,43 +10,17 @@ from typing import Any
 
 import pytest
 
-from replay.core.config import JobConfig, parse_config
 from replay.core.errors import (
     ConflictingDuplicateError,
     IncompatibleCheckpointError,
     WatermarkRegressionError,
 )
-from replay.core.timeutil import parse_timestamp
 from replay.runner.loop import run
 from replay.store.checkpoint import CheckpointStore
-from replay.store.digest import digest
 from tests._archives import buffer_rows, write_archive
+from tests.runner._jobs import SECOND, T0, results, small_job
 
 pytestmark = pytest.mark.spark
-
-T0 = parse_timestamp("2026-01-01T00:00:00Z")
-SECOND = 1_000_000
-RESULTS = ("windows", "late", "integrity")
-
-
-def _job(root: Path, archive: Path, **extra: Any) -> JobConfig:
-    return parse_config(
-        {
-            "archive": str(archive),
-            "output": str(root / "out"),
-            "checkpoint": str(root / "ckpt"),
-            "windows": [
-                {"name": "w", "size": "1s", "aggregations": [{"fn": "count"}, {"fn": "sum", "column": "value"}]}
-            ],
-            **extra,
-        }
-    )
-
-
-def _results(config: JobConfig) -> dict[str, str]:
-    assert config.output is not None
-    found = digest(config.output)
-    return {table: found[table] for table in RESULTS}
 
 
 def _conflicting(archive: Path) -> None:
@@ -61,26 +35,26 @@ def test_a_checkpoint_without_a_commit_takes_the_settings_the_error_advised(spar
     archive = tmp_path / "archive"
     _conflicting(archive)
     with pytest.raises(ConflictingDuplicateError) as raised:
-        run(_job(tmp_path, archive), spark=spark)
+        run(small_job(tmp_path, archive), spark=spark)
     assert "on_conflict: keep_first" in str(raised.value)
     store = CheckpointStore(tmp_path / "ckpt")
     assert store.identity() is not None and store.commits() == []
 
-    advised = _job(tmp_path, archive, on_conflict="keep_first")
+    advised = small_job(tmp_path, archive, on_conflict="keep_first")
     summary = run(advised, spark=spark)
     assert any("on_conflict 'fail' -> 'keep_first' (it held no commit yet)" in note for note in summary.notes)
-    fresh = _job(tmp_path / "fresh", archive, on_conflict="keep_first")
+    fresh = small_job(tmp_path / "fresh", archive, on_conflict="keep_first")
     run(fresh, spark=spark)
-    assert _results(advised) == _results(fresh)
+    assert results(advised) == results(fresh)
 
 
 def test_a_checkpoint_without_a_commit_takes_another_output(spark: Any, tmp_path: Path) -> None:
     archive = tmp_path / "archive"
     _conflicting(archive)
     with pytest.raises(ConflictingDuplicateError):
-        run(_job(tmp_path, archive).with_overrides(output=str(tmp_path / "elsewhere")), spark=spark)
+        run(small_job(tmp_path, archive).with_overrides(output=str(tmp_path / "elsewhere")), spark=spark)
     (archive / "b.parquet").unlink()
-    summary = run(_job(tmp_path, archive), spark=spark)
+    summary = run(small_job(tmp_path, archive), spark=spark)
     assert summary.version == 1 and any("output" in note and "no commit" in note for note in summary.notes)
 
 
@@ -91,7 +65,7 @@ def test_a_checkpoint_with_commits_takes_a_lenient_policy_and_goes_on_as_if_it_h
     rows = buffer_rows(1, 1, watermark=T0 + 2 * SECOND, events=[(T0 + 1, 1, 1.0), (T0 + SECOND, 2, 2.0)])
     rows += buffer_rows(2, 1, watermark=T0 + 2 * SECOND, events=[(T0 + 2, 1, 4.0)])
     write_archive(archive, rows, name="part-00000.parquet")
-    strict = _job(tmp_path, archive)
+    strict = small_job(tmp_path, archive)
     run(strict, spark=spark)
     store = CheckpointStore(tmp_path / "ckpt")
     committed = store.commits()
@@ -106,14 +80,14 @@ def test_a_checkpoint_with_commits_takes_a_lenient_policy_and_goes_on_as_if_it_h
 
     for refused in ({"gap_policy": "skip"}, {"on_conflict": "keep_first", "gap_policy": "skip"}):
         with pytest.raises(IncompatibleCheckpointError) as incompatible:
-            run(_job(tmp_path, archive, watermark_regression="clamp", **refused), spark=spark)
+            run(small_job(tmp_path, archive, watermark_regression="clamp", **refused), spark=spark)
         assert "gap_policy" in str(incompatible.value)
-    lenient = _job(tmp_path, archive, watermark_regression="clamp")
+    lenient = small_job(tmp_path, archive, watermark_regression="clamp")
     summary = run(lenient, spark=spark)
     assert any("watermark_regression 'fail' -> 'clamp'" in note for note in summary.notes)
-    fresh = _job(tmp_path / "fresh", archive, watermark_regression="clamp")
+    fresh = small_job(tmp_path / "fresh", archive, watermark_regression="clamp")
     run(fresh, spark=spark)
-    assert _results(lenient) == _results(fresh)
+    assert results(lenient) == results(fresh)
     # Back to the strict policy: the clamped regression is committed, which 'fail' would have refused.
     with pytest.raises(IncompatibleCheckpointError) as back:
         run(strict, spark=spark)
@@ -130,15 +104,15 @@ def test_the_batches_before_a_regression_commit_and_the_lenient_policy_goes_on_f
     for seq, mark in ((1, 2), (2, 3), (3, 4), (4, 1), (5, 6)):  # sequence 4's watermark goes back
         rows += buffer_rows(1, seq, watermark=T0 + mark * SECOND, events=[(T0 + seq * SECOND, seq % 2, float(seq))])
     write_archive(archive, rows)
-    strict = _job(tmp_path, archive, micro_batch={"max_buffers": 1})
+    strict = small_job(tmp_path, archive, micro_batch={"max_buffers": 1})
     with pytest.raises(WatermarkRegressionError) as raised:
         run(strict, spark=spark)
     assert (raised.value.where.origin, raised.value.where.sequence) == (1, 4)
     store = CheckpointStore(tmp_path / "ckpt")
     assert store.commits() == [1, 2, 3]
-    lenient = _job(tmp_path, archive, watermark_regression="clamp", micro_batch={"max_buffers": 1})
+    lenient = small_job(tmp_path, archive, watermark_regression="clamp", micro_batch={"max_buffers": 1})
     summary = run(lenient, spark=spark)
     assert summary.resumed and summary.batches == 2
-    fresh = _job(tmp_path / "fresh", archive, watermark_regression="clamp")
+    fresh = small_job(tmp_path / "fresh", archive, watermark_regression="clamp")
     run(fresh, spark=spark)
-    assert _results(lenient) == _results(fresh)
+    assert results(lenient) == results(fresh)

@@ -246,3 +246,14 @@ def write_archive(
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(archive_table(rows, types=types), path)
     return path
+
+
+def damage_pages(path: Path, column: str = "value") -> None:
+    """Scramble the data pages of ``column`` in the file's first row group; the footer and the other
+    columns stay, so the file passes a metadata scan and fails where its rows are read."""
+    metadata = pq.ParquetFile(path).metadata.row_group(0).column(pq.read_schema(path).get_field_index(column))
+    data = bytearray(path.read_bytes())
+    start = metadata.data_page_offset + 10
+    for i in range(start, start + 400):
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))

@@ -49,6 +49,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _background.finish()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _spark_logs(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Spark's log files (``replay.engine.spark_log``) of the session's driver and of the commands
+    tests start go to the session's temporary directory, not the user's."""
+    os.environ.setdefault("REPLAY_LOG_DIR", str(tmp_path_factory.mktemp("spark-logs")))
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     """The one local SparkSession of a test run (2 cores, small shuffles, UTC)."""

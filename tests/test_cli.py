@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -37,6 +38,12 @@ GENERATE = [
     "--seed",
     "7",
 ]
+
+
+_SHORT_LINE = re.compile(
+    r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (INFO|WARNING) |\d\d/\d\d/\d\d \d\d:\d\d:\d\d (WARN|ERROR) \w+: |replay: "
+    r"|WARNING: Using incubator modules)"
+)
 
 
 def replay(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -274,6 +281,43 @@ def test_a_run_s_spark_ends_with_the_command(tmp_path: Path, spark: Any) -> None
             if ours and process.info["name"].startswith(("java", "python")):
                 left.append((process.pid, process.info["name"], " ".join(process.info["cmdline"] or [])[:200]))
     assert left == []
+
+
+@pytest.mark.spark
+def test_a_failure_in_spark_s_tasks_shows_as_replay_s_error_its_traces_in_the_named_log(
+    tmp_path: Path, spark: Any
+) -> None:
+    """A damaged file fails in the pass's Spark tasks. The terminal gets Spark's warnings and errors
+    a line each, then Replay's error; their stack traces go to the command's Spark log, which the
+    command names (before: some 130 lines of Java traces ahead of the error)."""
+    from tests._archives import damage_pages
+
+    archive = tmp_path / "archive"
+    assert runner.invoke(app, ["generate", str(archive), *GENERATE]).exit_code == 0
+    damaged = sorted(archive.glob("*.parquet"))[-1]
+    damage_pages(damaged)
+    job = tmp_path / "job.yaml"
+    job.write_text(f"archive: {archive}\noutput: {tmp_path / 'out'}\ncheckpoint: {tmp_path / 'ckpt'}\n")
+    logs = tmp_path / "logs"
+    result = subprocess.run(
+        [sys.executable, "-m", "replay.cli", "run", "--config", str(job)],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"REPLAY_LOG_DIR": str(logs)},
+        timeout=300,
+    )
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.splitlines()
+    assert any("[archive.unreadable]" in line and str(damaged) in line for line in lines)
+    assert any(" ERROR Executor: Exception in task" in line for line in lines)
+    # Every line is one of Replay's (its log, its error), one of Spark's log lines, or the JVM's one
+    # start-up warning: no trace, Java's or a Python worker's, nor a message's further lines.
+    assert [line for line in lines if not _SHORT_LINE.match(line)] == []
+    written = list(logs.glob("spark-*.log"))
+    assert len(written) == 1 and lines[-1].endswith(f"with their stack traces: {written[0]}")
+    traces = written[0].read_text()
+    assert "Exception in task" in traces and "\tat org.apache.spark" in traces  # the JVM's trace
+    assert "Traceback (most recent call last)" in traces and "deserialize" in traces  # the Python worker's
 
 
 @pytest.mark.spark

@@ -13,6 +13,7 @@ the task's ``retries`` allow.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -41,7 +42,21 @@ def task_errors() -> Iterator[None]:
     try:
         yield
     except (ConfigError, DataError) as exc:
+        _name_spark_log()
         raise AirflowFailException(exc.message) from exc
+    except Exception:
+        _name_spark_log()
+        raise
+
+
+def _name_spark_log() -> None:
+    """In the task's log, the file with Spark's warnings and errors of this process in full, when
+    Spark wrote one: the task log has them one line each (``replay.engine.spark_log``)."""
+    from replay.engine.spark_log import written_spark_log
+
+    written = written_spark_log()
+    if written is not None:
+        logging.getLogger(__name__).warning("Spark's warnings and errors, with their stack traces: %s", written)
 
 
 def _int_or_none(value: Any) -> int | None:

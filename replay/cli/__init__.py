@@ -93,6 +93,7 @@ def main() -> None:
             # A failure Replay did not expect: its traceback, written while the JVM is up (a Spark
             # error's text is read from the JVM), then the interpreter's exit code for it.
             traceback.print_exc()
+            _name_spark_log()
             sys.exit(1)
         show()  # a usage error (click's ClickException, known by its interface), as click shows it
         sys.exit(exit_code)
@@ -100,7 +101,19 @@ def main() -> None:
         _end_spark()
     if code == _INTERRUPTED:  # typer's answer to a Ctrl-C
         _interrupted()
+    if isinstance(code, int) and code != 0:
+        _name_spark_log()
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _name_spark_log() -> None:
+    """After a failure, the file with Spark's warnings and errors in full, when Spark wrote one:
+    stderr had them one line each (``replay.engine.spark_log``)."""
+    from replay.engine.spark_log import written_spark_log
+
+    written = written_spark_log()
+    if written is not None:
+        typer.echo(f"replay: Spark's warnings and errors of this command, with their stack traces: {written}", err=True)
 
 
 _INTERRUPTED = 130  # 128 + SIGINT, as shells report it

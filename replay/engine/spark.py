@@ -121,17 +121,20 @@ def compiler_options() -> str:
 
 
 def driver_java_options() -> str:
-    """The driver's JVM options Replay sets: its log4j2 configuration (warnings and errors only),
-    the JIT's later optimizing compilation (``compiler_options``), and the class-data archive when
+    """The driver's JVM options Replay sets: its log4j2 configuration (warnings and errors only, one
+    line each on stderr, whole in the process's log file: ``replay.engine.spark_log``), the JIT's
+    later optimizing compilation (``compiler_options``), and the class-data archive when
     ``replay jvm-archive`` made one (``replay.engine.jvm_archive``).
 
     spark-submit callers pass it as ``--conf spark.driver.extraJavaOptions=...``: the JVM is
     started before Replay's code runs.
     """
     from replay.engine.jvm_archive import java_options
+    from replay.engine.spark_log import log_option
 
     log_config = Path(__file__).with_name("log4j2.properties")
-    return f"-Dlog4j2.configurationFile={log_config.as_uri()} {compiler_options()} {java_options()}".strip()
+    options = (f"-Dlog4j2.configurationFile={log_config.as_uri()}", log_option(), compiler_options(), java_options())
+    return " ".join(option for option in options if option)
 
 
 @functools.cache

@@ -11,6 +11,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
+from replay.core.errors import DataError
 from replay.store.outputs import current_version
 from replay_airflow import PUBLISHED_WINDOWS, ReplayPublishOperator, ReplayValidateOperator
 
@@ -88,3 +89,34 @@ def test_operators_record_the_dag_runs_that_changed_the_output_for_the_replays_p
         ("replay_backfill", "manual__2026-01-01", "manual", "publish", "published", 2),
     ]
     assert record["runs"][0]["success"] is True and record["runs"][1]["source"] == 1
+
+
+@pytest.mark.parametrize(
+    ("error", "raised"),
+    [
+        (lambda: DataError("bad input", todo="fix it"), AirflowFailException),  # no retry
+        (lambda: OSError("disk full"), OSError),  # retried, as it was
+    ],
+)
+def test_a_failed_task_names_the_spark_log_its_process_wrote(
+    error: Any, raised: type[BaseException], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """The task log has Spark's warnings and errors a line each; a failed task names the file that
+    has them whole, when Spark wrote one, and fails as it did."""
+    import logging
+
+    from replay.engine import spark_log
+    from replay_airflow.operators import task_errors
+
+    monkeypatch.setenv("REPLAY_LOG_DIR", str(tmp_path))
+    spark_log.spark_log.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING), pytest.raises(raised), task_errors():
+            raise error()
+        assert "stack traces" not in caplog.text  # Spark wrote nothing: nothing to name
+        spark_log.spark_log().write_text("26/11/29 05:23:29 ERROR Executor: Exception in task 1.0\n")
+        with caplog.at_level(logging.WARNING), pytest.raises(raised), task_errors():
+            raise error()
+        assert f"with their stack traces: {spark_log.spark_log()}" in caplog.text
+    finally:
+        spark_log.spark_log.cache_clear()

@@ -9,13 +9,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
 
 from replay.core.errors import ArchiveReadError
 from replay.runner.loop import run
 from replay.store.checkpoint import CheckpointStore
-from tests._archives import buffer_rows, write_archive
+from tests._archives import buffer_rows, damage_pages, write_archive
 from tests.runner._jobs import SECOND, T0, results, small_job
 
 pytestmark = pytest.mark.spark
@@ -29,21 +28,11 @@ def _sequences(archive: Path, name: str, first: int, last: int) -> Path:
     return write_archive(archive, rows, name=name)
 
 
-def _damage(path: Path) -> None:
-    """Scramble the data pages of the ``value`` column; the footer and the other columns stay."""
-    column = pq.ParquetFile(path).metadata.row_group(0).column(pq.read_schema(path).get_field_index("value"))
-    data = bytearray(path.read_bytes())
-    start = column.data_page_offset + 10
-    for i in range(start, start + 400):
-        data[i] ^= 0x5A
-    path.write_bytes(bytes(data))
-
-
 def test_a_damaged_file_is_named_and_moving_it_out_lets_the_run_go_on(spark: Any, tmp_path: Path) -> None:
     archive = tmp_path / "archive"
     _sequences(archive, "a.parquet", 1, 3)
     damaged = _sequences(archive, "b.parquet", 4, 5)
-    _damage(damaged)
+    damage_pages(damaged)
     config = small_job(tmp_path, archive)
     with pytest.raises(ArchiveReadError) as raised:
         run(config, spark=spark)
@@ -65,7 +54,7 @@ def test_a_run_that_committed_batches_needs_its_files_back(spark: Any, tmp_path:
     _sequences(archive, "a.parquet", 1, 3)
     damaged = _sequences(archive, "b.parquet", 4, 5)
     intact = damaged.read_bytes()
-    _damage(damaged)
+    damage_pages(damaged)
     config = small_job(tmp_path, archive, micro_batch={"max_buffers": 1, "max_batches_per_pass": 1})
     with pytest.raises(ArchiveReadError, match="footer reads"):
         run(config, spark=spark)

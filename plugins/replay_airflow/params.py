@@ -219,6 +219,20 @@ def _bound(params: Mapping[str, Any], name: str) -> int | None:
         ) from exc
 
 
+def _together(errors: list[Any]) -> Any:
+    """One error naming each of ``errors`` (path params), of the first one's kind and code."""
+    from replay.core.errors import Location
+
+    first = errors[0]
+    todos = list(dict.fromkeys(error.todo for error in errors))
+    return type(first)(
+        f"{len(errors)} path params are wrong: " + "; ".join(error.what for error in errors),
+        where=Location(field=", ".join(str(error.where.field) for error in errors)),
+        todo="; ".join(todos),
+        code=first.code,
+    )
+
+
 def resolve_job(
     params: Mapping[str, Any],
     roots: Roots,
@@ -281,15 +295,21 @@ def resolve_job(
         )
     data = {k: v for k, v in params.items() if k not in ("start", "end", "spark_master", "spark_conf", "engine")}
     data["spark"] = {"master": params.get("spark_master") or "local[*]", "conf": dict(params.get("spark_conf") or {})}
-    data["archive"] = roots.resolve("archive", str(params.get("archive") or ""), param="archive")
-    data["output"] = roots.resolve("output", str(params.get("output") or ""), param="output")
-    if params.get("checkpoint"):
-        data["checkpoint"] = roots.resolve("checkpoint", str(params["checkpoint"]), param="checkpoint")
-    else:
-        # One checkpoint per output and range (replay's own names: full, range_<start>_<end>), kept
-        # apart from outputs even when the two roots are one directory.
-        relative = data["output"][len(roots.output.rstrip("/")) :].strip("/") or "_root"
-        name = default_checkpoint(data["output"], start, end).rsplit("/", 1)[-1]
-        data["checkpoint"] = roots.resolve("checkpoint", f"_checkpoints/{relative}/{name}", param="checkpoint")
+    wrong: list[ConfigError] = []  # every path param that is wrong, reported together
+    for kind in ("archive", "output", "checkpoint"):
+        given = params.get(kind)
+        if kind == "checkpoint" and not given:
+            if "output" not in data:  # no default beside an output that is itself wrong
+                continue
+            # One checkpoint per output and range (replay's own names: full, range_<start>_<end>), kept
+            # apart from outputs even when the two roots are one directory.
+            relative = data["output"][len(roots.output.rstrip("/")) :].strip("/") or "_root"
+            given = f"_checkpoints/{relative}/{default_checkpoint(data['output'], start, end).rsplit('/', 1)[-1]}"
+        try:
+            data[kind] = roots.resolve(kind, str(given or ""), param=kind)
+        except ConfigError as error:
+            wrong.append(error)
+    if wrong:
+        raise wrong[0] if len(wrong) == 1 else _together(wrong)
     config = parse_config(data, source="the DAG run's params")
     return ResolvedJob(config=config, start=start, end=end, range_source=source, engine=engine)

@@ -97,6 +97,16 @@ def test_the_plan_refuses_bad_ranges_paths_and_settings_naming_them() -> None:
         resolve_job({**params, "start": "2026-01-02T00:00:00"}, roots)
     with pytest.raises(PathOutsideRootError, match="param 'checkpoint'"):
         resolve_job({**params, "checkpoint": "/r/o/ckpt"}, roots)
+    # Every wrong path at once, not one per trigger.
+    with pytest.raises(PathOutsideRootError) as several:
+        resolve_job({**params, "archive": "../elsewhere", "checkpoint": "/r/o/ckpt"}, roots)
+    text = str(several.value)
+    assert "2 path params are wrong" in text and "param 'archive'" in text and "param 'checkpoint'" in text
+    assert several.value.where.field == "archive, checkpoint" and text.count("pass a path under") == 2
+    with pytest.raises(ConfigError) as empty:  # an output that is wrong has no default checkpoint beside it
+        resolve_job({**params, "archive": "", "output": "/etc"}, roots)
+    assert empty.value.code == "airflow.path_missing" and "param 'output' = '/etc'" in str(empty.value)
+    assert "checkpoint" not in str(empty.value.where.field)
     assert resolve_job(params, roots).engine == "in_task"
     submitted = resolve_job({**params, "engine": "spark_submit"}, roots)
     assert submitted.engine == "spark_submit" and type(submitted).from_xcom(submitted.to_xcom()) == submitted

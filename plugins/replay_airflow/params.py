@@ -295,21 +295,23 @@ def resolve_job(
         )
     data = {k: v for k, v in params.items() if k not in ("start", "end", "spark_master", "spark_conf", "engine")}
     data["spark"] = {"master": params.get("spark_master") or "local[*]", "conf": dict(params.get("spark_conf") or {})}
+    resolved: dict[str, str] = {}
     wrong: list[ConfigError] = []  # every path param that is wrong, reported together
     for kind in ("archive", "output", "checkpoint"):
-        given = params.get(kind)
-        if kind == "checkpoint" and not given:
-            if "output" not in data:  # no default beside an output that is itself wrong
+        path = str(params.get(kind) or "")
+        if kind == "checkpoint" and not path:
+            if "output" not in resolved:  # no default beside an output that is itself wrong
                 continue
             # One checkpoint per output and range (replay's own names: full, range_<start>_<end>), kept
             # apart from outputs even when the two roots are one directory.
-            relative = data["output"][len(roots.output.rstrip("/")) :].strip("/") or "_root"
-            given = f"_checkpoints/{relative}/{default_checkpoint(data['output'], start, end).rsplit('/', 1)[-1]}"
+            relative = resolved["output"][len(roots.output.rstrip("/")) :].strip("/") or "_root"
+            path = f"_checkpoints/{relative}/{default_checkpoint(resolved['output'], start, end).rsplit('/', 1)[-1]}"
         try:
-            data[kind] = roots.resolve(kind, str(given or ""), param=kind)
+            resolved[kind] = roots.resolve(kind, path, param=kind)
         except ConfigError as error:
             wrong.append(error)
     if wrong:
         raise wrong[0] if len(wrong) == 1 else _together(wrong)
+    data |= resolved
     config = parse_config(data, source="the DAG run's params")
     return ResolvedJob(config=config, start=start, end=end, range_source=source, engine=engine)

@@ -104,9 +104,9 @@ def test_the_plan_refuses_bad_ranges_paths_and_settings_naming_them() -> None:
     assert "2 path params are wrong" in text and "param 'archive'" in text and "param 'checkpoint'" in text
     assert several.value.where.field == "archive, checkpoint" and text.count("pass a path under") == 2
     with pytest.raises(ConfigError) as empty:  # an output that is wrong has no default checkpoint beside it
-        resolve_job({**params, "archive": "", "output": "/etc"}, roots)
-    assert empty.value.code == "airflow.path_missing" and "param 'output' = '/etc'" in str(empty.value)
-    assert "checkpoint" not in str(empty.value.where.field)
+        resolve_job({**params, "archive": "", "output": "/../../../etc"}, roots)
+    assert empty.value.code == "airflow.path_missing" and "param 'output' = '/../../../etc'" in str(empty.value)
+    assert empty.value.where.field == "archive, output"
     assert resolve_job(params, roots).engine == "in_task"
     submitted = resolve_job({**params, "engine": "spark_submit"}, roots)
     assert submitted.engine == "spark_submit" and type(submitted).from_xcom(submitted.to_xcom()) == submitted

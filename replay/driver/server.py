@@ -181,6 +181,7 @@ class DriverServer:
             "python_rss_mib": _rss_mib(),
             "jvm_heap_used_mib": round((runtime.totalMemory() - runtime.freeMemory()) / 2**20, 1),
             "stopping": self._stopping.is_set(),
+            "spark_log": _spark_log(),
         }
 
     # -- one connection ---------------------------------------------------------------------
@@ -338,3 +339,11 @@ def _rss_mib() -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
+def _spark_log() -> str | None:
+    """The file with Spark's warnings and errors of this driver in full (``replay.engine.spark_log``),
+    when its JVM was started with one."""
+    from replay.engine.spark_log import spark_log
+
+    return str(spark_log()) if spark_log.cache_info().currsize else None

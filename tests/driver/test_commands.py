@@ -146,6 +146,8 @@ def test_runs_sent_to_a_driver_started_from_the_command_line_and_one_killed_in_a
         assert done.status.returncode == 0, done.status.stderr
         status = json.loads(done.status.stdout)
         assert (status["runs"], status["failed"], status["master"]) == (2, 0, "local[1]")
+        spark_log = Path(status["spark_log"])  # the driver's own, where the serve command's environment says
+        assert spark_log.parent == Path(os.environ["REPLAY_LOG_DIR"]) and f"-{status['pid']}." in spark_log.name
         assert done.stop.returncode == 0, done.stop.stderr
         assert done.serve_code == 0, done.serve_log[-3000:]
         assert not done.record_left

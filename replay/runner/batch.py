@@ -17,6 +17,8 @@ does; each batch is still checked and committed on its own. The steps:
 
 Bad input met while a batch is fed (a watermark regression under ``fail``) stops the run at that
 batch: the pass's batches before it are aggregated and committed first, the failing one is not.
+So does a file the pass's Spark action cannot read (damaged pages behind an intact footer): the
+batches before the first that reads it are aggregated again without it and committed.
 
 A commit inside a pass names the open windows the pass started from plus the copies its batches
 read up to it (``Commit.carry``): resuming there, the next pass reads those copies' tuples again
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replay.core.buffer import Buffer
-from replay.core.errors import DataError
+from replay.core.errors import ArchiveReadError, DataError
 from replay.core.progress import Decision
 from replay.engine.aggregate import run_pass
 from replay.engine.buffers import release_arrow_memory
@@ -80,13 +82,21 @@ def process(
         moved = moved or step.emission != emitted  # windows may become due
         emitted = step.emission
     # The pass's reads in one set of arrays, each batch's a view of them: the driver holds them once.
-    pass_reads = Reads.concat([step.reads for step in planned], len(ctx.layout.keys))
-    at = 0
-    for index, step in enumerate(planned):
-        planned[index] = replace(step, reads=pass_reads[at : at + len(step.reads)])
-        at += len(step.reads)
+    pass_reads = _share_reads(planned, len(ctx.layout.keys))
     open_before = dict(state.commit.open_state) if state.commit else {}
-    results, open_after = _tuple_work(ctx, state, planned, pass_reads, moved, floor, open_before, spark)
+    try:
+        results, open_after = _tuple_work(ctx, state, planned, pass_reads, moved, floor, open_before, spark)
+    except ArchiveReadError as error:  # a file Spark's tasks could not read (damaged pages)
+        keep = _before_reading(planned, error.file)
+        if not keep:
+            raise
+        # The batches before the first that reads the file are aggregated and committed, as before
+        # a regression; a file they need too (an open window's copies) fails their pass the same way.
+        failed, planned = error, planned[:keep]
+        pass_reads = _share_reads(planned, len(ctx.layout.keys))
+        before = [floor, *(step.emission for step in planned[:-1])]
+        moved = any(step.emission != then for step, then in zip(planned, before, strict=True))
+        results, open_after = _tuple_work(ctx, state, planned, pass_reads, moved, floor, open_before, spark)
     committed: list[tuple[Commit, dict[str, Any]]] = []
     carry = list(state.commit.carry) if state.commit else []
     for step in planned:
@@ -103,6 +113,25 @@ def process(
     if failed is not None:  # the engine, fed part of the failing batch, is not used again
         raise failed
     return committed
+
+
+def _share_reads(planned: list[Planned], nkeys: int) -> Reads:
+    """The reads of ``planned`` in one set of arrays, each step's ``reads`` made a view of them."""
+    pass_reads = Reads.concat([step.reads for step in planned], nkeys)
+    at = 0
+    for index, step in enumerate(planned):
+        planned[index] = replace(step, reads=pass_reads[at : at + len(step.reads)])
+        at += len(step.reads)
+    return pass_reads
+
+
+def _before_reading(planned: Sequence[Planned], file: str | None) -> int:
+    """How many of ``planned`` come before the first that reads ``file``'s tuples."""
+    for index, step in enumerate(planned):
+        packed = step.reads.buffers
+        if file in {packed.files[i] for i in set(packed.file_of.tolist())}:
+            return index
+    return 0  # not read by the pass's batches (an open window's copy): nothing to keep
 
 
 def _plan(ctx: RunContext, state: State, batch_in: Batch, batch: int) -> Planned:

@@ -49,17 +49,20 @@ def test_a_damaged_file_is_named_and_moving_it_out_lets_the_run_go_on(spark: Any
     assert results(config) == results(fresh)
 
 
-def test_a_run_that_committed_batches_needs_its_files_back(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("per_pass", [1, 32])
+def test_a_run_that_committed_batches_needs_its_files_back(spark: Any, tmp_path: Path, per_pass: int) -> None:
+    """The batches before the damaged file's commit, each its own pass or all in one pass (whose
+    Spark action failed on the file: the batches before it are aggregated again without it)."""
     archive = tmp_path / "archive"
     _sequences(archive, "a.parquet", 1, 3)
     damaged = _sequences(archive, "b.parquet", 4, 5)
     intact = damaged.read_bytes()
     damage_pages(damaged)
-    config = small_job(tmp_path, archive, micro_batch={"max_buffers": 1, "max_batches_per_pass": 1})
+    config = small_job(tmp_path, archive, micro_batch={"max_buffers": 1, "max_batches_per_pass": per_pass})
     with pytest.raises(ArchiveReadError, match="footer reads"):
         run(config, spark=spark)
     store = CheckpointStore(tmp_path / "ckpt")
-    assert store.commits() == [1, 2, 3]  # sequences 1 to 3, each its own pass; sequence 4's failed
+    assert store.commits() == [1, 2, 3]  # sequences 1 to 3; sequence 4's batch failed
 
     damaged.unlink()
     with pytest.raises(ArchiveReadError, match="run 1 reads are gone") as gone:

@@ -115,11 +115,13 @@ def _exchange(
             elif "summary" in message:
                 return message["summary"]
             elif "error" in message:
+                _name_spark_log(message)
                 raise message["error"]
             elif "refused" in message:
                 raise _other_code(home, details, message["code"], what)
             else:
                 sys.stderr.write(str(message.get("crash", message)))
+                _name_spark_log(message)
                 raise DriverError(
                     f"the {what} failed in the kept driver with an unexpected error (its traceback above)",
                     code="driver.crashed",
@@ -208,3 +210,10 @@ def _here(value: str) -> str:
     ``file:out``) made absolute against this working directory; anything else as it is."""
     path = local_path(value)
     return str(Path(path).absolute()) if path and not Path(path).is_absolute() else value
+
+
+def _name_spark_log(message: dict[str, Any]) -> None:
+    """A failed request's answer names the driver's Spark log when Spark wrote to it: its warnings
+    and errors in full, which the driver's own stderr had a line each (``replay.engine.spark_log``)."""
+    if message.get("spark_log"):
+        log.warning("the kept driver's Spark warnings and errors, with their stack traces: %s", message["spark_log"])

@@ -309,6 +309,8 @@ class DriverServer:
                 self._served += 1
                 self._failed += outcome != "done"
         if reply is not None:
+            if outcome != "done":
+                reply["spark_log"] = _written_spark_log()
             sender.send(reply)
         _clean_up(context)  # the client has its answer: this is off its clock
         log.info("%s: %s in %.1f s", what, outcome, seconds)
@@ -347,3 +349,11 @@ def _spark_log() -> str | None:
     from replay.engine.spark_log import spark_log
 
     return str(spark_log()) if spark_log.cache_info().currsize else None
+
+
+def _written_spark_log() -> str | None:
+    """The driver's Spark log when Spark wrote to it, for a failed run's client to name."""
+    from replay.engine.spark_log import written_spark_log
+
+    written = written_spark_log()
+    return None if written is None else str(written)

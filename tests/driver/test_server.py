@@ -5,6 +5,7 @@ refused. ``test_commands.py`` starts one as users do, in a process of its own.""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -98,6 +99,25 @@ def test_errors_cross_whole(archive: Path, tmp_path: Path, spark: Any, driver: D
         run_on_driver(driver.home, job(archive, tmp_path / "d", spark=fixed))
     assert static.value.code == "driver.static_conf" and "spark.driver.memory" in static.value.message
     assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
+
+
+def test_a_failed_run_names_the_driver_s_spark_log_once_spark_wrote_to_it(
+    archive: Path, tmp_path: Path, driver: DriverServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    from replay.engine.spark_log import spark_log
+
+    log_file = spark_log()  # the driver's: this process's, its JVM started with it
+    with caplog.at_level(logging.WARNING, logger="replay.driver"), pytest.raises(ReplayError):
+        run_on_driver(driver.home, job(tmp_path / "missing", tmp_path / "a"))
+    assert ("stack traces: " in caplog.text) == (log_file.exists() and log_file.stat().st_size > 0)
+    with log_file.open("a") as written:  # as Spark appends its warnings and errors
+        written.write("26/11/29 05:23:29 WARN TaskSetManager: Lost task 0.0 in stage 2.0\n")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="replay.driver"), pytest.raises(ReplayError):
+        run_on_driver(driver.home, job(tmp_path / "missing", tmp_path / "b"))
+    assert f"the kept driver's Spark warnings and errors, with their stack traces: {log_file}" in caplog.text
+    run_on_driver(driver.home, job(archive, tmp_path / "c"))  # a run that succeeds names nothing
+    assert caplog.text.count("stack traces") == 1
 
 
 def test_a_job_session_has_the_job_s_settings_and_leaves_the_driver_s(spark: Any) -> None:

@@ -209,10 +209,13 @@ class ReplayRunOperator(BaseOperator):
                 checkpoint=result["checkpoint"],
                 batches=result["batches"],
             )
+        # Batches and tuples are this attempt's (a retry resumes after what an earlier one
+        # committed); windows and late tuples are the checkpoint's, as the version holds them.
         self.log.info(
-            "version %s (%s): %d batches, %d tuples, %d windows emitted, %d open, late %s",
+            "version %s (%s): this attempt %s%d batches, %d tuples; in all %d windows emitted, %d open, late %s",
             result["version"],
             "new" if result["new_version"] else "nothing new",
+            "resumed from the checkpoint, " if result["resumed"] else "",
             result["batches"],
             result["tuples_read"],
             result["windows_emitted"],

@@ -41,10 +41,10 @@ def _directory() -> Path:
 def spark_log() -> Path:
     """This process's Spark log file (not created here: the JVM makes it on its first line)."""
     name = f"spark-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}.log"
-    directory = _directory()
     try:
+        directory = _directory()
         directory.mkdir(parents=True, exist_ok=True)
-    except OSError:
+    except (OSError, RuntimeError):  # not writable, or no home directory (a container's nameless user)
         directory = Path(tempfile.gettempdir()) / f"replay-logs-{os.getuid()}"
         directory.mkdir(parents=True, exist_ok=True)
     _prune(directory)

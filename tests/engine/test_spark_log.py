@@ -60,6 +60,16 @@ def test_a_directory_that_cannot_be_made_falls_back_to_the_temporary_one(
 
     monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
     assert spark_log.spark_log().parent == tmp_path / "tmp" / f"replay-logs-{os.getuid()}"
+    # A user with no home directory (an arbitrary uid in a container, no HOME): the same.
+    spark_log.spark_log.cache_clear()
+    monkeypatch.delenv("REPLAY_LOG_DIR")
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert spark_log.spark_log().parent == tmp_path / "tmp" / f"replay-logs-{os.getuid()}"
 
 
 def test_a_path_spark_would_split_is_not_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh: None) -> None:

@@ -272,7 +272,8 @@ case "$cmd" in
             AIRFLOW__REPLAY__ROOT="${AIRFLOW__REPLAY__ROOT:-$PWD/data}" \
             AIRFLOW_CONN_SPARK_MASTER="${AIRFLOW_CONN_SPARK_MASTER:-spark://127.0.0.1:7077}" \
             PYTHONPATH="$PWD/plugins${PYTHONPATH:+:$PYTHONPATH}" \
-            REPLAY_DRIVER="$stack_dir/driver"
+            REPLAY_DRIVER="$stack_dir/driver" \
+            REPLAY_LOG_DIR="$stack_dir/logs/replay"
         # For another shell's airflow CLI (airflow dags list, airflow backfill create ...) and replay CLI.
         (umask 077 && env | grep -E '^(AIRFLOW_HOME|AIRFLOW__[A-Z_]+|AIRFLOW_CONN_[A-Z_]+|PYTHONPATH|REPLAY_DRIVER)=' | sort |
             while IFS='=' read -r key value; do printf 'export %s=%q\n' "$key" "$value"; done >"$stack_dir/env.sh")

@@ -330,6 +330,8 @@ TRANSLATED = {
     "AIRFLOW__REPLAY__ROOT": ("${AIRFLOW__REPLAY__ROOT:-$PWD/data}", "/data"),
     # The kept driver's home: in the stack directory; the replay-driver volume.
     "REPLAY_DRIVER": ("$stack_dir/driver", "/opt/replay-driver"),
+    # Spark's logs in full, which failed tasks name: in the stack directory; on the airflow volume.
+    "REPLAY_LOG_DIR": ("$stack_dir/logs/replay", "/opt/airflow/logs/replay"),
     # The spark_submit engine's cluster: ./dev.sh cluster's default address; the spark-master service.
     "AIRFLOW_CONN_SPARK_MASTER": ("${AIRFLOW_CONN_SPARK_MASTER:-spark://127.0.0.1:7077}", "spark://spark-master:7077"),
 }
@@ -426,7 +428,12 @@ def test_the_kept_driver_runs_the_command_dev_sh_airflow_runs(tmp_path: Path) ->
     for name in (*AIRFLOW_SERVICES, "replay-driver"):
         assert f"replay-driver:{home}" in every[name]["volumes"], name
     assert driver["healthcheck"]["test"] == ["CMD", "replay", "driver", "status", "--dir", home]
-    assert driver["environment"] == {"SPARK_DRIVER_MEMORY": "${SPARK_DRIVER_MEMORY:-1g}"}  # Spark's default
+    # Spark's default memory; its Spark log on the volume the Airflow services mount too (dev.sh's driver
+    # shares the stack's REPLAY_LOG_DIR, on the one machine).
+    assert driver["environment"] == {
+        "SPARK_DRIVER_MEMORY": "${SPARK_DRIVER_MEMORY:-1g}",
+        "REPLAY_LOG_DIR": f"{home}/logs",
+    }
     # Its health check fails where no driver answers.
     result = subprocess.run(
         [str(BIN / "replay"), "driver", "status", "--dir", str(tmp_path)], capture_output=True, text=True, timeout=120

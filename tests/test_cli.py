@@ -313,6 +313,7 @@ def test_a_failure_in_spark_s_tasks_shows_as_replay_s_error_its_traces_in_the_na
     # Every line is one of Replay's (its log, its error), one of Spark's log lines, or the JVM's one
     # start-up warning: no trace, Java's or a Python worker's, nor a message's further lines.
     assert [line for line in lines if not _SHORT_LINE.match(line)] == []
+    assert not [line for line in lines if "Traceback" in line]  # not even a traceback's first line
     written = list(logs.glob("spark-*.log"))
     assert len(written) == 1 and lines[-1].endswith(f"with their stack traces: {written[0]}")
     traces = written[0].read_text()

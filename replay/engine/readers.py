@@ -25,7 +25,7 @@ from replay.core.errors import ArchiveReadError, Location
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["driver_threads", "read_in_tasks", "read_progress"]
+__all__ = ["driver_threads", "one_line", "read_in_tasks", "read_progress"]
 
 _ERROR_MARK = "<<replay-scan>>"
 # Tasks of a ``read_in_tasks`` job per core: a Python task costs tens of milliseconds before its
@@ -89,6 +89,21 @@ def read_progress(report: Callable[[int, int], None] | None) -> Iterator[None]:
         _TALLY.reset(token)
 
 
+def one_line(reason: str) -> str:
+    """A reader's error (pyarrow's: "Couldn't deserialize thrift: ...\\nDeserializing page header
+    failed.") on one printable line, without what Spark appends to it (its SQL state, the JVM's
+    stack)."""
+    kept = []
+    for line in reason.splitlines():
+        line = line.strip()
+        if line.startswith(("SQLSTATE", "JVM stacktrace", "at ")):
+            break
+        if line:
+            kept.append(line)
+    text = " ".join(kept)  # and a control character a damaged page's bytes put in it, escaped
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
 def read_in_tasks(
     spark: SparkSession | None,
     tasks: Sequence[tuple[str, Any]],
@@ -115,7 +130,7 @@ def read_in_tasks(
 
     def failed(path: str, reason: str) -> ArchiveReadError:
         return ArchiveReadError(
-            f"{failure}: {reason.splitlines()[0] if reason else reason}",
+            f"{failure}: {one_line(reason)}",
             where=Location(file=(shown or {}).get(path, path)),
             todo="restore the file from the archiver, or move it out of the archive directory; nothing was committed",
         )

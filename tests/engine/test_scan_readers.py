@@ -120,6 +120,30 @@ def test_a_file_that_cannot_be_read_is_named(
     assert err.value.file == str(bad) and "What to do" in str(err.value)
 
 
+@pytest.mark.parametrize("place", ["driver threads", "spark tasks"])
+def test_a_copy_in_a_file_with_damaged_pages_is_a_one_line_error_naming_it(
+    tmp_path: Path, layout: ArchiveLayout, spark: Any, place: str
+) -> None:
+    """pyarrow's error is on two lines and Spark appends its SQL state: the error keeps the reader's
+    lines (both) on one, and not Spark's."""
+    import shutil
+
+    from tests._archives import damage_pages
+
+    damaged = tmp_path / "damaged.parquet"
+    shutil.copy(layout.files[0], damaged)
+    damage_pages(damaged, column="event_time")
+    columns = scan_columns(layout, event_times=True)
+    record = scan_file(layout.files[0], columns).to_pylist()[0]
+    copy = (str(damaged), record["origin"], record["sequence"], record["chunk"], record["row_min"], record["rows"])
+    with pytest.raises(ArchiveReadError) as err:
+        content_hashes(spark, layout, [copy], threads=2 if place == "driver threads" else None)
+    what = err.value.what
+    assert err.value.file == str(damaged) and what.startswith("cannot read the rows of a buffer archived")
+    assert what.isprintable() and "SQLSTATE" not in what and "Traceback" not in what  # one line: no "\n"
+    assert "Deserializing page header failed" in what, what  # pyarrow's second line
+
+
 @pytest.mark.parametrize(
     ("master", "threads"),
     [

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +23,13 @@ from tests import _background
 # As ``replay``'s entry point does: py4j logs every connection it closes at INFO, also from
 # finalizers at the interpreter's exit, when a stream a test logged to may be closed already.
 logging.getLogger("py4j").setLevel(logging.WARNING)
+
+# Spark's log files (``replay.engine.spark_log``) of the session's driver and of the commands tests
+# start, some before any fixture runs (``tests/_background.py``), go to a directory of this test
+# run, not the user's; it goes at the session's end.
+_SPARK_LOGS = None if os.environ.get("REPLAY_LOG_DIR") else tempfile.mkdtemp(prefix="replay-tests-spark-logs-")
+if _SPARK_LOGS is not None:
+    os.environ["REPLAY_LOG_DIR"] = _SPARK_LOGS
 
 settings.register_profile(
     "default",
@@ -47,13 +56,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _background.finish()
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _spark_logs(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Spark's log files (``replay.engine.spark_log``) of the session's driver and of the commands
-    tests start go to the session's temporary directory, not the user's."""
-    os.environ.setdefault("REPLAY_LOG_DIR", str(tmp_path_factory.mktemp("spark-logs")))
+    if _SPARK_LOGS is not None:
+        shutil.rmtree(_SPARK_LOGS, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ command names when it fails.
 The file is ``spark-<UTC time>-<pid>.log`` in ``REPLAY_LOG_DIR``, else in ``$XDG_STATE_HOME/replay/logs``
 (``~/.local/state/replay/logs``), else, where that cannot be made, in the system's temporary directory.
 Spark creates it only when it has something to write. Files older than a week go when a later
-command picks its own.
+command picks its own, unless their process still runs.
 """
 
 from __future__ import annotations
@@ -52,12 +52,27 @@ def spark_log() -> Path:
 
 
 def _prune(directory: Path) -> None:
-    """Remove the logs of commands older than a week."""
+    """Remove the logs older than a week, but for a process that still runs (a kept driver idle for
+    a week writes to its log still)."""
     cutoff = time.time() - _KEPT_SECONDS
     for old in directory.glob("spark-*.log"):
         with contextlib.suppress(OSError):  # another command's prune got there first
-            if old.stat().st_mtime < cutoff:
+            if old.stat().st_mtime < cutoff and not _running(old):
                 old.unlink()
+
+
+def _running(log: Path) -> bool:
+    """Whether the process a log is named after (``spark-<time>-<pid>.log``) still runs here."""
+    pid = log.stem.rsplit("-", 1)[-1]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: it runs
+        return True
+    return True
 
 
 def log_option() -> str:

@@ -4,6 +4,8 @@ option that names it to the JVM, and the week after which old logs go."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,13 +85,16 @@ def test_logs_older_than_a_week_go_when_a_command_picks_its_own(
 ) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
-    old, recent, other = logs / "spark-old.log", logs / "spark-recent.log", logs / "notes.txt"
-    for path in (old, recent, other):
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    old = logs / f"spark-20261101T000000Z-{int(ended.stdout)}.log"  # its process has ended
+    running = logs / f"spark-20261101T000000Z-{os.getpid()}.log"  # a kept driver idle for a week
+    recent, other = logs / "spark-20261123T000000Z-1.log", logs / "notes.txt"
+    for path in (old, running, recent, other):
         path.write_text("x")
     eight_days_ago = time.time() - 8 * 24 * 3600
-    for path in (old, other):
+    for path in (old, running, other):
         os.utime(path, (eight_days_ago, eight_days_ago))
     os.utime(recent, (time.time() - 6 * 24 * 3600,) * 2)
     monkeypatch.setenv("REPLAY_LOG_DIR", str(logs))
     spark_log.spark_log()
-    assert not old.exists() and recent.exists() and other.exists()
+    assert not old.exists() and running.exists() and recent.exists() and other.exists()

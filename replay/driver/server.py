@@ -310,7 +310,7 @@ class DriverServer:
                 self._failed += outcome != "done"
         if reply is not None:
             if outcome != "done":
-                reply["spark_log"] = _written_spark_log()
+                reply["spark_log"] = _spark_log(written=True)
             sender.send(reply)
         _clean_up(context)  # the client has its answer: this is off its clock
         log.info("%s: %s in %.1f s", what, outcome, seconds)
@@ -343,17 +343,11 @@ def _rss_mib() -> float | None:
     return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
 
 
-def _spark_log() -> str | None:
+def _spark_log(*, written: bool = False) -> str | None:
     """The file with Spark's warnings and errors of this driver in full (``replay.engine.spark_log``),
-    when its JVM was started with one."""
-    from replay.engine.spark_log import spark_log
+    when its JVM was started with one; with ``written``, only once Spark wrote to it (what a failed
+    run's client is told)."""
+    from replay.engine.spark_log import chosen_spark_log, written_spark_log
 
-    return str(spark_log()) if spark_log.cache_info().currsize else None
-
-
-def _written_spark_log() -> str | None:
-    """The driver's Spark log when Spark wrote to it, for a failed run's client to name."""
-    from replay.engine.spark_log import written_spark_log
-
-    written = written_spark_log()
-    return None if written is None else str(written)
+    path = written_spark_log() if written else chosen_spark_log()
+    return None if path is None else str(path)

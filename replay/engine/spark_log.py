@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["LOG_DIR_ENV", "log_option", "spark_log", "written_spark_log"]
+__all__ = ["LOG_DIR_ENV", "chosen_spark_log", "log_option", "spark_log", "written_spark_log"]
 
 LOG_DIR_ENV = "REPLAY_LOG_DIR"
 #: The JVM system property ``log4j2.properties`` reads the file's path from.
@@ -88,12 +88,15 @@ def log_option() -> str:
     return f"-D{PROPERTY}={text}"
 
 
+def chosen_spark_log() -> Path | None:
+    """This process's Spark log once its driver JVM was given it (``log_option``), else ``None``."""
+    return spark_log() if spark_log.cache_info().currsize else None
+
+
 def written_spark_log() -> Path | None:
     """This process's Spark log when Spark wrote something to it, else ``None``."""
-    if spark_log.cache_info().currsize == 0:  # no driver JVM was started with it
-        return None
-    path = spark_log()
+    path = chosen_spark_log()
     try:
-        return path if path.stat().st_size > 0 else None
+        return path if path is not None and path.stat().st_size > 0 else None
     except OSError:
         return None

@@ -67,8 +67,6 @@ def process(
     if ctx.hold is not None:
         floor = tuple(map(min, floor, ctx.hold.before(state.engine, batches[0].index, state.pending)))
     planned: list[Planned] = []
-    moved = False
-    emitted = floor
     failed: DataError | None = None
     for index, batch_in in enumerate(batches):
         try:
@@ -79,13 +77,11 @@ def process(
             failed = error
             break
         planned.append(step)
-        moved = moved or step.emission != emitted  # windows may become due
-        emitted = step.emission
     # The pass's reads in one set of arrays, each batch's a view of them: the driver holds them once.
     pass_reads = _share_reads(planned, len(ctx.layout.keys))
     open_before = dict(state.commit.open_state) if state.commit else {}
     try:
-        results, open_after = _tuple_work(ctx, state, planned, pass_reads, moved, floor, open_before, spark)
+        results, open_after = _tuple_work(ctx, state, planned, pass_reads, floor, open_before, spark)
     except ArchiveReadError as error:  # a file Spark's tasks could not read (damaged pages)
         keep = _before_reading(planned, error.file)
         if not keep:
@@ -94,9 +90,7 @@ def process(
         # a regression; a file they need too (an open window's copies) fails their pass the same way.
         failed, planned = error, planned[:keep]
         pass_reads = _share_reads(planned, len(ctx.layout.keys))
-        before = [floor, *(step.emission for step in planned[:-1])]
-        moved = any(step.emission != then for step, then in zip(planned, before, strict=True))
-        results, open_after = _tuple_work(ctx, state, planned, pass_reads, moved, floor, open_before, spark)
+        results, open_after = _tuple_work(ctx, state, planned, pass_reads, floor, open_before, spark)
     committed: list[tuple[Commit, dict[str, Any]]] = []
     carry = list(state.commit.carry) if state.commit else []
     for step in planned:
@@ -113,6 +107,13 @@ def process(
     if failed is not None:  # the engine, fed part of the failing batch, is not used again
         raise failed
     return committed
+
+
+def _moved(planned: Sequence[Planned], floor: tuple[int, ...]) -> bool:
+    """Whether a batch of ``planned`` moved its emission watermark (from ``floor``, then from the
+    batch before): windows may have become due."""
+    before = [floor, *(step.emission for step in planned[:-1])]
+    return any(step.emission != then for step, then in zip(planned, before, strict=True))
 
 
 def _share_reads(planned: list[Planned], nkeys: int) -> Reads:
@@ -191,7 +192,6 @@ def _tuple_work(
     state: State,
     planned: Sequence[Planned],
     pass_reads: Reads,
-    moved: bool,
     floor: tuple[int, ...],
     open_before: dict[str, str | None],
     spark: SparkSession,
@@ -199,7 +199,7 @@ def _tuple_work(
     """The pass's Spark work, per batch (``None``: none needed), and the open-window state the
     pass leaves (paths under the checkpoint)."""
     store = ctx.store
-    if not pass_reads.column("tuples").any() and not moved:
+    if not pass_reads.column("tuples").any() and not _moved(planned, floor):
         # Nothing to aggregate (no reads, or punctuation only) and no batch's emission watermark
         # moved (``E_k``, or its hold): no window can change, so no Spark work.
         return None, open_before

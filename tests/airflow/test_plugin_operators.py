@@ -113,6 +113,10 @@ def test_a_failed_task_names_the_spark_log_its_process_wrote(
     try:
         with caplog.at_level(logging.WARNING), pytest.raises(raised), task_errors():
             raise error()
+        assert "stack traces" not in caplog.text  # no driver JVM given a log: nothing to name
+        spark_log.spark_log()  # given to a driver JVM, which has written nothing yet
+        with caplog.at_level(logging.WARNING), pytest.raises(raised), task_errors():
+            raise error()
         assert "stack traces" not in caplog.text  # Spark wrote nothing: nothing to name
         spark_log.spark_log().write_text("26/11/29 05:23:29 ERROR Executor: Exception in task 1.0\n")
         with caplog.at_level(logging.WARNING), pytest.raises(raised), task_errors():

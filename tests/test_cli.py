@@ -46,6 +46,37 @@ _SHORT_LINE = re.compile(
 )
 
 
+def _commands(group: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    found = [(path, group)]
+    for name, command in getattr(group, "commands", {}).items():
+        found += _commands(command, (*path, name))
+    return found
+
+
+def test_help_shows_no_value_after_a_flag() -> None:
+    """A flag takes no value, so its help line shows none: ``--json`` alone, not ``--json <bool>``."""
+    import typer.main
+
+    flags = 0
+    for path, command in _commands(typer.main.get_command(app)):
+        result = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"}, terminal_width=200)
+        assert result.exit_code == 0, (path, result.output)
+        lines = result.output.splitlines()
+        params = [
+            *command.params,
+            command.get_help_option(command.make_context("replay", ["--help"], resilient_parsing=True)),
+        ]
+        for param in params:
+            if not getattr(param, "is_flag", False):
+                continue
+            for name in param.opts:
+                line = next(line for line in lines if re.search(rf"(^|[\s,│]){re.escape(name)}(\s|,|$)", line))
+                shown = line.split(name, 1)[1].split()
+                assert not shown or not shown[0].startswith("<"), (path, line)
+                flags += 1
+    assert flags > 20  # every command's --help, and the commands' own flags
+
+
 def replay(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """The installed entry point, as a user runs it (its own JVM)."""
     return subprocess.run(

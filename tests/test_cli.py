@@ -249,6 +249,25 @@ def test_run_writes_its_summary_or_its_error_to_the_summary_file(tmp_path: Path,
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_a_run_on_spark_with_speculative_task_attempts_is_refused_before_it_writes(tmp_path: Path) -> None:
+    """A speculative copy of a pass's task could add a file to a batch already committed: a session
+    with ``spark.speculation`` on is refused (exit 2, the setting and what to do named), in a
+    process of its own as a user runs it, and nothing is written to the output."""
+    archive = tmp_path / "archive"
+    assert runner.invoke(app, ["generate", str(archive), "--tuples", "200", "--buffer-tuples", "50"]).exit_code == 0
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"archive: {archive}\noutput: {tmp_path / 'out'}\ncheckpoint: {tmp_path / 'ckpt'}\n"
+        "windows: [{name: w, size: 500ms, aggregations: [{fn: count}]}]\n"
+        "spark: {conf: {spark.speculation: 'true'}}\n"
+    )
+    refused = replay("run", "--config", str(job))
+    assert refused.returncode == 2, refused.stderr
+    assert "spark.speculation" in refused.stderr and "set spark.speculation=false" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert not (tmp_path / "out" / "versions").exists()
+
+
 def test_python_dash_m_replay_is_the_replay_command() -> None:
     for module in ("replay", "replay.__main__"):
         result = subprocess.run(

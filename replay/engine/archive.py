@@ -345,11 +345,14 @@ def inspect_schema(
 
     for window in config.windows:
         for agg in window.aggregations:
-            if agg.column is not None and cols.resolve(agg.column) not in schema.names:
+            if agg.column is not None and agg.column not in schema.names:
+                # An aggregation names the archive's own column; the ``columns`` mapping is for roles.
+                mapped = cols.resolve(agg.column)
+                hint = f"'{agg.column}' is a role the job maps to '{mapped}': " if mapped in schema.names else ""
                 raise ConfigError(
                     f"window '{window.name}' aggregates column '{agg.column}', which the archive does not have",
                     where=Location(column=agg.column, field=f"windows[{window.name}].aggregations"),
-                    todo=f"name one of the archive's columns {sorted(schema.names)}",
+                    todo=f"{hint}name one of the archive's columns {sorted(schema.names)}",
                     code="config.unknown_column",
                 )
 

@@ -119,11 +119,29 @@ def scan_file(path: str, columns: ScanColumns) -> pa.Table:
     names = [columns.origin, columns.sequence, columns.chunk, columns.key]
     names += [c for _, c, _ in columns.meta]
     names += [e[0] for e in columns.events if e is not None]
+    if any(c not in names for c in columns.tuple_times) and _may_hold_null(parquet, columns.key):
+        names += columns.tuple_times  # a null key: punctuation only where the event times are null too
     parts, offset = [], 0
     for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=list(dict.fromkeys(names)), use_threads=False):
         parts.append(_scan_rows(pa.Table.from_batches([batch]), columns, path, offset))
         offset += batch.num_rows
     return _joined(parts, columns)
+
+
+def _may_hold_null(parquet: Any, column: str) -> bool:
+    """Whether ``column`` of a file may hold a null: not when every row group's statistics count
+    none (a file without statistics may)."""
+    metadata = parquet.metadata
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for index in range(row_group.num_columns):
+            chunk = row_group.column(index)
+            if chunk.path_in_schema != column:
+                continue
+            stats = chunk.statistics
+            if stats is None or not stats.has_null_count or stats.null_count > 0:
+                return True
+    return False
 
 
 def _joined(parts: Sequence[pa.Table], columns: ScanColumns) -> pa.Table:
@@ -198,9 +216,10 @@ def _scan_rows(table: pa.Table, columns: ScanColumns, path: str, offset: int) ->
     starts = np.flatnonzero(change)  # each copy's first row: a copy's rows are consecutive
     rows = np.diff(np.append(starts, n))
     punctuation = table.column(columns.key).is_null()
-    for event in columns.events:
-        if event is not None:
-            punctuation = pc.and_(punctuation, table.column(event[0]).is_null())
+    times = [e[0] for e in columns.events if e is not None] + list(columns.tuple_times)
+    for name in dict.fromkeys(times):
+        if name in table.column_names:  # not read: the file's key column holds no null
+            punctuation = pc.and_(punctuation, table.column(name).is_null())
     tuples = np.add.reduceat(pc.invert(punctuation).to_numpy(zero_copy_only=False).astype(np.int64), starts)
     out: dict[str, Any] = {
         "_file": pa.array([path] * len(starts), pa.string()),

@@ -21,7 +21,9 @@ class ScanColumns:
 
     ``meta``: (record name, column, time kind or ``None``) of every metadata value checked to be
     constant per buffer; ``events``: per watermark key, its event time column and kind, or
-    ``None`` when the scan does not read it.
+    ``None`` when the scan does not read it. ``tuple_times``: every key's event time column: a row
+    is punctuation, not a tuple, only when its key and all of them are null, so a file whose key
+    column may hold a null (by its footer's statistics) is read with them too.
     """
 
     origin: str
@@ -30,10 +32,13 @@ class ScanColumns:
     key: str
     meta: tuple[tuple[str, str, str | None], ...]
     events: tuple[tuple[str, str] | None, ...]
+    tuple_times: tuple[str, ...] = ()
 
     def digest(self) -> str:
         return hashlib.sha256(
-            json.dumps([self.origin, self.sequence, self.chunk, self.key, self.meta, self.events]).encode()
+            json.dumps(
+                [self.origin, self.sequence, self.chunk, self.key, self.meta, self.events, self.tuple_times]
+            ).encode()
         ).hexdigest()[:16]
 
     def record_schema(self) -> pa.Schema:
@@ -70,4 +75,5 @@ def scan_columns(layout: ArchiveLayout, *, event_times: bool) -> ScanColumns:
         key=layout.key,
         meta=tuple(meta),
         events=events,
+        tuple_times=tuple(dict.fromkeys(key.event_time for key in layout.keys)),
     )

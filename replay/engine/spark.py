@@ -40,6 +40,7 @@ __all__ = [
     "job_session",
     "planned_master",
     "python_worker_conf",
+    "refuse_speculation",
     "under_spark_submit",
     "with_job_conf",
 ]
@@ -207,6 +208,27 @@ def get_session(settings: SparkSettings | None = None, *, app_name: str = "repla
     _cancel_on_interrupt(session)
     _choose_per_core(session, conf)
     return session
+
+
+def refuse_speculation(session: SparkSession) -> None:
+    """Refuse a session whose Spark runs speculative task attempts (``spark.speculation``).
+
+    A pass's tasks write its tables' files themselves, and a batch keeps the files its successful
+    attempts return (``replay.engine.sink``). A speculative copy of a task still running when the
+    pass ends could write its file after that, into a batch already committed: its rows would then
+    be read twice. Spark's default is off; a cluster's defaults may turn it on.
+
+    Raises:
+        ConfigError: ``spark.speculation`` is on.
+    """
+    if session.sparkContext.getConf().get("spark.speculation", "false").strip().lower() == "true":
+        raise ConfigError(
+            "the Spark session runs speculative task attempts (spark.speculation=true): a late "
+            "attempt could add a file to a batch already committed",
+            where=Location(field="spark.conf.spark.speculation"),
+            todo="set spark.speculation=false for Replay's jobs (in the job's spark.conf, or the "
+            "cluster's spark-defaults.conf, or spark-submit's --conf)",
+        )
 
 
 def _cancel_on_interrupt(session: SparkSession) -> None:

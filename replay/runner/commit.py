@@ -144,7 +144,9 @@ def _stage(
         consumed.update({f: file_stamp(f) for f in ctx.run_files})
         consumed_rel = f"{stem}-files.parquet"
         _state.write_consumed(store.root / consumed_rel, consumed)
+    _state.write_buffers(store.root / f"{stem}-held.parquet", step.held, nkeys)
     held_files = {b.file for b in step.held}
+    # Written last: its rename's fsync of ``state/`` makes the state files' names above durable too.
     store.write_snapshot(
         f"{stem}-engine.json",
         EngineSnapshot(
@@ -154,5 +156,4 @@ def _stage(
             spark_paths={f: p for f, p in state.spark_paths.items() if f in held_files},
         ),
     )
-    _state.write_buffers(store.root / f"{stem}-held.parquet", step.held, nkeys)
     return discarded_rel, consumed_rel

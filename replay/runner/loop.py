@@ -215,6 +215,10 @@ class _Runner:
         self.output = output
         self.range = range
         self._spark = spark
+        if spark is not None:
+            from replay.engine.spark import refuse_speculation
+
+            refuse_speculation(spark)
         self.event = event
         self._listened = listened  # someone reads the events: worth a poller of Spark's progress
         self.notes: list[str] = []
@@ -227,9 +231,10 @@ class _Runner:
     @property
     def spark(self) -> SparkSession:
         if self._spark is None:
-            from replay.engine.spark import get_session
+            from replay.engine.spark import get_session, refuse_speculation
 
             self._spark = get_session(self.config.spark)
+            refuse_speculation(self._spark)
             if self._freezing:  # the session's objects, and PySpark's modules, live as long as the run
                 gc.freeze()
         return self._spark

@@ -267,7 +267,7 @@ class CheckpointStore:
                     continue
             if absent:
                 shown = ", ".join(absent[:3]) + (f" and {len(absent) - 3} more" if len(absent) > 3 else "")
-                skipped.append(f"commit {batch}: {len(absent)} file(s) it names are missing ({shown})")
+                skipped.append(f"commit {batch}: {len(absent)} file(s) it names are missing or unreadable ({shown})")
                 bad.append(path)
                 continue
             if repair:
@@ -287,11 +287,20 @@ class CheckpointStore:
         return ResumePoint(commit=None)
 
     def missing_files(self, commit: Commit, output: str | Path) -> list[str]:
-        """The files ``commit`` names that do not exist, and the batch log if it is shorter than
+        """The files ``commit`` names that do not exist, its state files whose Parquet footer does
+        not read (cut short or emptied by a power loss), and the batch log if it is shorter than
         the commit says."""
+        from replay.store import state as _state  # pyarrow: only where a commit is checked
+
         out = Path(output)
-        files = [str(self.root / f) for f in commit.state_files()] + [str(out / f) for f in commit.output_files()]
+        state = [self.root / f for f in commit.state_files()]
+        files = [str(f) for f in state] + [str(out / f) for f in commit.output_files()]
         missing = [f for f in files if not os.path.exists(f)]
+        missing += [
+            f"{f} (unreadable)"
+            for f in state
+            if f.suffix == ".parquet" and str(f) not in missing and not _state.readable(f)
+        ]
         log = self.root / LOG_NAME
         if commit.log.size and (not log.exists() or log.stat().st_size < commit.log.size):
             missing.append(str(log))

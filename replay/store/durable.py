@@ -1,7 +1,9 @@
-"""Durable JSON documents: atomic writes, and checkpoint records that carry the sha256 of their payload.
+"""Durable files: atomic writes, and checkpoint records that carry the sha256 of their payload.
 
 Every JSON document of a checkpoint or an output location is written by ``write_json_atomic``
-(temporary file, fsync, rename, fsync of the directory) and carries ``format_version``. A
+(temporary file, fsync, rename, fsync of the directory) and carries ``format_version``; every
+Parquet file the driver writes there (a checkpoint's state files, the output's progress,
+integrity and publication files) by ``write_parquet_atomic``, the same way. A
 checkpoint record (``write_record``) also carries the sha256 of its payload, checked by
 ``read_record``: a truncated or edited file is ``checkpoint.corrupt``, never a raw parse error
 and never silently trusted.
@@ -12,11 +14,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from replay.core.errors import CheckpointCorruptError, CheckpointStateError, Location
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 T = TypeVar("T")
 
@@ -29,7 +35,9 @@ __all__ = [
     "read_record",
     "read_typed",
     "signed",
+    "temporary",
     "write_json_atomic",
+    "write_parquet_atomic",
     "write_record",
 ]
 
@@ -47,7 +55,7 @@ def write_json_atomic(path: Path, document: Mapping[str, Any], *, compact: bool 
     encoder, which dominated the cost of a commit): for the checkpoint's machine records.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temporary(path)
     text = (
         json.dumps(document, sort_keys=True, separators=(",", ":"))
         if compact
@@ -59,6 +67,30 @@ def write_json_atomic(path: Path, document: Mapping[str, Any], *, compact: bool 
         os.fsync(handle.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def temporary(path: Path) -> Path:
+    """The temporary name ``path`` is written under before its rename: hidden, and its own for
+    each process and thread, so that two writers of one path never write one temporary file."""
+    return path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+
+
+def write_parquet_atomic(table: pa.Table, path: Path, *, sync_dir: bool = True) -> None:
+    """Write ``table`` to ``path`` as Parquet so that a reader, or a restart after a power loss,
+    sees the old file or the whole new one: a temporary file, fsync, rename, and (``sync_dir``)
+    fsync of the directory. A caller writing several files of one directory may pass
+    ``sync_dir=False`` and call ``fsync_dir`` once after the last."""
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary(path)
+    with open(tmp, "wb") as handle:
+        pq.write_table(table, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    if sync_dir:
+        fsync_dir(path.parent)
 
 
 def fsync_dir(path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The single-writer lock of a checkpoint: an OS file lock, and ``holder.json`` naming who holds it."""
+"""The single-writer lock of a checkpoint: an OS file lock, and ``holder.json`` naming who holds it;
+and the output's publication lock."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from filelock import FileLock, Timeout
 from replay.core.errors import ConcurrentWriterError, Location, ReplayError
 from replay.store.durable import FORMAT_VERSION, read_json, write_json_atomic
 
-__all__ = ["LockInfo", "holder", "single_writer"]
+__all__ = ["LockInfo", "holder", "one_publisher", "single_writer"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,3 +85,14 @@ def holder(path: Path) -> LockInfo | None:
         started=str(document["started"]),
         command=str(document["command"]),
     )
+
+
+@contextmanager
+def one_publisher(output: Path) -> Iterator[None]:
+    """Hold the output's publication lock (``.publish.lock``), waiting for another ``publish`` of
+    the same output to end first: two DAGs publishing one output (a scheduled replay's and a
+    backfill's) then publish one after the other, each against the publication the other left,
+    instead of the later pointer switch silently dropping the earlier publication. An OS file
+    lock: a dead publisher's lock is released by the kernel."""
+    with FileLock(output / ".publish.lock"):
+        yield

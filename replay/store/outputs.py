@@ -36,7 +36,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replay.core.errors import ConfigError, DataError, Location
-from replay.store.durable import FORMAT_VERSION, fsync_dir, payload_digest, signed, write_json_atomic
+from replay.store.durable import (
+    FORMAT_VERSION,
+    fsync_dir,
+    payload_digest,
+    signed,
+    write_json_atomic,
+    write_parquet_atomic,
+)
 from replay.store.manifest import MANIFEST_FORMAT_VERSION, TABLES, Manifest
 
 __all__ = [
@@ -280,13 +287,8 @@ def write_validation(output: str | Path, version: int, record: Mapping[str, Any]
 
 
 def write_parquet(table: pa.Table, path: Path) -> None:
-    """Write one data file of a table: a temporary file, fsync, rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp)
-    with open(tmp, "rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    """Write one data file of a table: a temporary file, fsync, rename, fsync of its directory."""
+    write_parquet_atomic(table, path)
 
 
 def encode_schema(schema: pa.Schema) -> str:
@@ -298,7 +300,14 @@ def decode_schema(text: str) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(text)))
 
 
-def _parquet_files(output: Path, entries: Sequence[str]) -> list[str]:
+def _parquet_files(output: Path, entries: Sequence[str], version: int | None = None) -> list[str]:
+    """The Parquet files of a version's entries (a file, or a directory of files).
+
+    Raises:
+        DataError: ``output.corrupt``: an entry the manifest lists is gone (a version is never
+            written before its files, and its files are never deleted before it): reading on
+            would give fewer rows than the version has.
+    """
     files: list[str] = []
     for entry in entries:
         path = output / entry
@@ -306,12 +315,21 @@ def _parquet_files(output: Path, entries: Sequence[str]) -> list[str]:
             files += sorted(str(p) for p in path.rglob("*.parquet") if not p.name.startswith(("_", ".")))
         elif path.exists():
             files.append(str(path))
+        else:
+            named = "a version" if version is None else f"version {version}"
+            raise DataError(
+                f"{entry} of output {output} is missing, though {named} lists it",
+                where=Location(file=str(path)),
+                todo="restore the output directory from a backup, or replay into a new --output (and "
+                "--checkpoint); the archive is untouched",
+                code="output.corrupt",
+            )
     return files
 
 
 def table_files(output: str | Path, manifest: Manifest, table: str) -> list[str]:
     """The Parquet files of ``table`` in a version's ``manifest``."""
-    return _parquet_files(Path(output), manifest.entries(table))
+    return _parquet_files(Path(output), manifest.entries(table), manifest.version)
 
 
 def read_table(output: str | Path, table: str, version: int | None = None) -> pa.Table:
@@ -331,7 +349,7 @@ def read_table(output: str | Path, table: str, version: int | None = None) -> pa
         )
     root = Path(output)
     manifest = read_manifest(root, resolve_version(root, version))
-    files = _parquet_files(root, manifest.entries(table))
+    files = _parquet_files(root, manifest.entries(table), manifest.version)
     schema = pa.schema([])
     if manifest.schemas.get(table):
         schema = decode_schema(manifest.schemas[table])

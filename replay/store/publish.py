@@ -30,6 +30,7 @@ import pyarrow as pa
 from replay.core.config import JobConfig
 from replay.core.errors import Location, PublicationError, storage_errors
 from replay.store.durable import fsync_dir
+from replay.store.lock import one_publisher
 from replay.store.outputs import (
     Manifest,
     Publication,
@@ -91,7 +92,7 @@ def _late_in_range(table: pa.Table, config: JobConfig, start: int | None, end: i
 
     inside = pa.array([False] * table.num_rows)
     for key, settings in config.watermark_keys.items():
-        column = table[settings.event_time]
+        column = table[config.columns.resolve(settings.event_time)]  # the late table keeps the archive's names
         if pa.types.is_timestamp(column.type):
             # Late tables hold microsecond timestamps (nanoseconds were truncated when written); a safe
             # cast, so a finer unit from elsewhere fails loudly instead of rounding.
@@ -163,32 +164,41 @@ def _flip(output: Path, publication: int, source: int, previous: int | None) -> 
 
 
 def _retain(output: Path, keep: int, current: int) -> tuple[int, ...]:
-    """Delete versions beyond the newest ``keep`` (never the current publication or what it was built from),
-    and the data files only they used."""
+    """Delete versions beyond the newest ``keep``, and the data files only they used.
+
+    Never deleted: the current publication and what it was built from, and each checkpoint's
+    newest run version (it lists every file that checkpoint's later runs build on, and its
+    commits point at: several checkpoints, a scheduled replay's and a backfill's, may write one
+    output). A version's manifest goes before its files, so that a crash in between leaves
+    unlisted files, never a manifest naming files that are gone."""
     versions = list_versions(output)
+    manifests = {v: read_manifest(output, v) for v in versions}
     protected = {current}
-    manifest = read_manifest(output, current)
-    protected |= {v for v in (manifest.source, manifest.previous) if v is not None}
+    protected |= {v for v in (manifests[current].source, manifests[current].previous) if v is not None}
+    newest_run: dict[str, int] = {}
+    for v, manifest in manifests.items():
+        if manifest.kind == "run" and manifest.checkpoint_id is not None:
+            newest_run[manifest.checkpoint_id] = max(v, newest_run.get(manifest.checkpoint_id, v))
+    protected |= set(newest_run.values())
     doomed = [v for v in versions[: max(0, len(versions) - keep)] if v not in protected]
     if not doomed:
         return ()
     used: set[str] = set()
     for v in versions:
         if v not in doomed:
-            used |= read_manifest(output, v).all_entries()
-    removed = []
+            used |= manifests[v].all_entries()
+    unused = sorted(set().union(*(manifests[v].all_entries() for v in doomed)) - used)
     for v in doomed:
-        for entry in sorted(read_manifest(output, v).all_entries() - used):
-            path = output / entry
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
         (output / "versions" / f"{v:06d}.json").unlink(missing_ok=True)
         (output / "versions" / f"{v:06d}.validation.json").unlink(missing_ok=True)
-        removed.append(v)
     fsync_dir(output / "versions")
-    return tuple(removed)
+    for entry in unused:
+        path = output / entry
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return tuple(doomed)
 
 
 @storage_errors("the current publication is switched in one atomic step: it is the previous version or this one")
@@ -204,6 +214,12 @@ def publish(output: str | Path, version: int | None = None, *, retain_versions: 
             (``publish.not_a_run``).
     """
     root = Path(output)
+    resolve_version(root, version)  # an output that is not one is said before waiting for a lock
+    with one_publisher(root):
+        return _publish(root, version, retain_versions)
+
+
+def _publish(root: Path, version: int | None, retain_versions: int | None) -> PublishOutcome:
     v = resolve_version(root, version if version is not None else latest_run_version(root))
     manifest = read_manifest(root, v)
     if manifest.kind != "run":

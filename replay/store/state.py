@@ -6,6 +6,11 @@ only, never tuples. A batch that discards copies (duplicates and conflicting cop
 list of every copy discarded so far, and a batch that ends a run the list of every archive file
 consumed. A run resumes from the engine snapshot and these lists (``replay.runner.resume``); the
 buffers fed by earlier batches are read back only when one of them arrives again.
+
+Each file is written atomically and fsynced (``write_parquet_atomic``) before the commit that
+points at it; the caller makes their directory entries durable with one fsync of ``state/`` (the
+engine snapshot's rename, written after them, does it). A file that does not read back whole is
+``checkpoint.corrupt``, naming it, never a raw Arrow error.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replay.core.buffer import NULL_TIME, Buffer, PackedBuffers
+from replay.store.durable import corrupt, write_parquet_atomic
 
 __all__ = [
     "Discarded",
@@ -28,6 +34,7 @@ __all__ = [
     "read_consumed",
     "read_discarded",
     "read_reads",
+    "readable",
     "write_buffers",
     "write_consumed",
     "write_discarded",
@@ -51,8 +58,7 @@ class Discarded:
 
 def write_buffers(path: Path, buffers: Sequence[Buffer], nkeys: int) -> None:
     """Write ``buffers`` (their order is kept) to a Parquet file at ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table(_buffer_columns(buffers, nkeys)), path)
+    write_parquet_atomic(pa.table(_buffer_columns(buffers, nkeys)), path, sync_dir=False)
 
 
 def _ints(values: npt.NDArray[np.int64]) -> pa.Array:
@@ -108,14 +114,12 @@ def write_reads(
     for i in range(nkeys):
         columns[f"thr{i}"] = pa.array(np.ascontiguousarray(thresholds[:, i]), type=pa.int64())
         columns[f"reason{i}"] = pa.array(reasons[:, i].tolist(), type=pa.string())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table(columns), path)
+    write_parquet_atomic(pa.table(columns), path, sync_dir=False)
 
 
 def read_reads(path: Path, nkeys: int) -> list[tuple[Buffer, tuple[int, ...], tuple[str, ...]]]:
     """The copies and decisions (thresholds, reasons) ``write_reads`` wrote to ``path``, in the same order."""
-    with open(path, "rb") as handle:
-        table = pq.read_table(handle).to_pydict()
+    table = _read(path)
     buffers = _buffers_of(table, nkeys)
     return [
         (
@@ -129,9 +133,7 @@ def read_reads(path: Path, nkeys: int) -> list[tuple[Buffer, tuple[int, ...], tu
 
 def read_buffers(path: Path, nkeys: int) -> list[Buffer]:
     """The buffers ``write_buffers`` wrote to ``path``, in the same order."""
-    with open(path, "rb") as handle:  # through Python's open: resume tests count the files a run opens
-        table = pq.read_table(handle).to_pydict()
-    return _buffers_of(table, nkeys)
+    return _buffers_of(_read(path), nkeys)
 
 
 def _buffers_of(table: Mapping[str, list[Any]], nkeys: int) -> list[Buffer]:
@@ -164,14 +166,13 @@ def write_discarded(path: Path, copies: Sequence[Discarded]) -> None:
     names = ("kind", "origin", "sequence", "chunk", "file", "row_start", "tuples", "kept_file")
     types = (pa.string(), pa.int64(), pa.int64(), pa.int64(), pa.string(), pa.int64(), pa.int64(), pa.string())
     table = pa.table({n: pa.array([getattr(c, n) for c in copies], type=t) for n, t in zip(names, types, strict=True)})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path)
+    write_parquet_atomic(table, path, sync_dir=False)
 
 
 def read_discarded(path: Path) -> list[Discarded]:
     """The copies ``write_discarded`` wrote to ``path``."""
-    with open(path, "rb") as handle:
-        return [Discarded(**row) for row in pq.read_table(handle).to_pylist()]
+    table = _read(path)
+    return [Discarded(**dict(zip(table, row, strict=True))) for row in zip(*table.values(), strict=True)]
 
 
 def write_consumed(path: Path, consumed: Mapping[str, Sequence[int]]) -> None:
@@ -184,12 +185,36 @@ def write_consumed(path: Path, consumed: Mapping[str, Sequence[int]]) -> None:
             "mtime_ns": pa.array([consumed[n][1] for n in names], type=pa.int64()),
         }
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path)
+    write_parquet_atomic(table, path, sync_dir=False)
 
 
 def read_consumed(path: Path) -> dict[str, list[int]]:
     """The files ``write_consumed`` wrote to ``path``, each with its ``[size, mtime_ns]``."""
-    with open(path, "rb") as handle:
-        table = pq.read_table(handle).to_pydict()
+    table = _read(path)
     return {f: [s, m] for f, s, m in zip(table["file"], table["size"], table["mtime_ns"], strict=True)}
+
+
+def _read(path: Path) -> dict[str, list[Any]]:
+    """A state file's columns.
+
+    Raises:
+        CheckpointCorruptError: it is missing or does not read back whole (truncated, overwritten).
+    """
+    try:
+        with open(path, "rb") as handle:  # through Python's open: resume tests count the files a run opens
+            return pq.read_table(handle).to_pydict()  # type: ignore[no-any-return]
+    except FileNotFoundError:
+        raise corrupt(path, "is missing") from None
+    except (OSError, pa.ArrowException) as exc:
+        raise corrupt(path, f"does not read back whole (truncated or overwritten): {exc}") from exc
+
+
+def readable(path: Path) -> bool:
+    """Whether a state file's Parquet footer reads (a file cut short, empty after a power loss, or
+    overwritten does not): what ``CheckpointStore.resume_point`` checks of a commit's state files
+    before it trusts the commit."""
+    try:
+        pq.read_metadata(path)
+    except (OSError, pa.ArrowException):
+        return False
+    return True

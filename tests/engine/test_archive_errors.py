@@ -156,6 +156,21 @@ def test_configuration_against_archive(tmp_path: Path) -> None:
         resolve_lateness(config, inspect_schema(config))
 
 
+def test_an_aggregation_names_the_archives_own_column_not_a_role(tmp_path: Path) -> None:
+    """With ``columns: {event_time: ts}`` the archive has ``ts``: an aggregation over ``event_time``
+    is a configuration error that names the column to use (exit 2), not a failure in Spark."""
+    renamed = SCHEMA.set(SCHEMA.get_field_index("event_time"), pa.field("ts", TS))
+    write(tmp_path / "a.parquet", [row()], renamed)
+    settings = {"archive": str(tmp_path), "columns": {"event_time": "ts"}}
+    windows = [{"name": "w", "size": "1m", "aggregations": [{"fn": "max", "column": "event_time"}]}]
+    with pytest.raises(ConfigError) as err:
+        inspect_schema(parse_config(settings | {"windows": windows}))
+    assert err.value.code == "config.unknown_column" and err.value.exit_code == 2
+    assert "maps to 'ts'" in err.value.todo
+    windows[0]["aggregations"] = [{"fn": "max", "column": "ts"}]
+    assert inspect_schema(parse_config(settings | {"windows": windows})).keys[0].event_time == "ts"
+
+
 @pytest.mark.parametrize(
     ("rows", "settings", "code", "where"),
     [

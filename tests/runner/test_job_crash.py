@@ -249,10 +249,17 @@ def _delete_state(path: Path) -> None:
     (path.parent.parent / document["held"]).unlink()
 
 
+def _empty_state(path: Path) -> None:
+    """Empty the engine's held buffers that ``path`` commits, as a power loss can leave a file whose
+    data never reached the disk."""
+    document = json.loads(path.read_text())
+    (path.parent.parent / document["held"]).write_bytes(b"")
+
+
 def test_a_corrupt_commit_is_set_aside_and_its_batch_redone(
     archive: Path, tmp_path: Path, spark: Any, uninterrupted: dict[str, str]
 ) -> None:
-    """Truncated, edited (hash kept) and incomplete (a state file gone) newest commits: each time
+    """Truncated, edited (hash kept) and incomplete (a state file gone, or empty) newest commits: each time
     ``replay status`` names the fault, the next run falls back to the newest intact commit, says
     so, redoes the batch and gives the digest of an uninterrupted run."""
     job = write_job(tmp_path, archive)
@@ -260,7 +267,8 @@ def test_a_corrupt_commit_is_set_aside_and_its_batch_redone(
     run(config, spark=spark)
     store = CheckpointStore(tmp_path / "ckpt")
     assert config.output is not None
-    for damage, fault in ((_truncate, "not valid JSON"), (_edit_payload, "sha256"), (_delete_state, "missing")):
+    damages = ((_truncate, "not valid JSON"), (_edit_payload, "sha256"), (_delete_state, "missing"))
+    for damage, fault in (*damages, (_empty_state, "unreadable")):
         last = store.commits()[-1]
         damage(tmp_path / "ckpt" / "commits" / f"{last:08d}.json")
         status = subprocess.run(

@@ -174,16 +174,33 @@ def test_a_range_backfill_after_a_buffer_was_added_corrects_exactly_the_changed_
     assert read_table(out, "windows", 2).equals(before)
 
     # Retention keeps the newest version, the current publication and what it was built from (its source and
-    # the publication it corrects), and deletes the files only the others used.
+    # the publication it corrects), and each checkpoint's newest run version (the range's checkpoint's
+    # next run builds on version 3's files); it deletes the rest, and the files only they used.
     assert not publish(out, 3, retain_versions=1).changed
     range_windows = [out / entry for entry in read_manifest(out, 3).tables["windows"]]
     assert range_windows and all(p.exists() for p in range_windows)
+    only_two = set(read_manifest(out, 2).all_entries()) - set().union(
+        *(read_manifest(out, v).all_entries() for v in (1, 3, 4))
+    )
+    assert only_two  # the publication's own corrections
     again = publish(out, 1, retain_versions=1)
     assert again.changed and current_version(out) == 5
-    assert set(again.removed_versions) == {2, 3} and list_versions(out) == [1, 4, 5]
-    assert not any(p.exists() for p in range_windows)
+    assert set(again.removed_versions) == {2} and list_versions(out) == [1, 3, 4, 5]
+    assert all(p.exists() for p in range_windows)
+    assert not any((out / entry).exists() for entry in only_two)
     assert read_table(out, "windows").equals(read_table(out, "windows", 1))
     assert read_table(out, "windows", 4).num_rows == len(published_rows)
+
+
+def test_a_range_finds_the_late_rows_event_time_under_the_archives_own_column_name() -> None:
+    """The late table keeps the archive's column names: with ``columns: {event_time: ts}`` the
+    range is applied to ``ts``."""
+    from replay.store.publish import _late_in_range
+
+    config = parse_config({"archive": "unused", "columns": {"event_time": "ts"}})
+    times = pa.array([1_000_000, 7_000_000, None], type=pa.timestamp("us", tz="UTC"))
+    table = pa.table({"wm_key": ["default"] * 3, "ts": times})
+    assert _late_in_range(table, config, 5_000_000, 10_000_000).to_pylist() == [False, True, False]
 
 
 @pytest.mark.parametrize("time_unit", ["native", "ms"])

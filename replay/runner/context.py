@@ -36,7 +36,8 @@ def fault(point: str, batch: int) -> None:
       committed and ``N`` not yet checked by the ledger;
     - ``after_staging``: batch ``N``'s state and progress files are written, its log line and
       commit not;
-    - ``during_commit``: the batch-log line is appended, the commit record not yet written.
+    - ``during_commit``: the batch-log line is appended, the commit record not yet written;
+    - ``before_version``: the run's last batch ``N`` is committed, its output version not yet written.
 
     ``tests/runner/test_job_crash.py`` kills a run at each of them and checks that the resumed
     run's digests equal an uninterrupted run's.

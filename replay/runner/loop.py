@@ -290,6 +290,8 @@ class _Runner:
             run_files = [f for f in discover_files(config.archive) if consumed.get(f) != file_stamp(f)]
         if not run_files and commit is not None:
             return self._finish_version(commit, batches=0, buffers=0, tuples=0, resumed=resumed)
+        if commit is not None and commit.finish:
+            self._version_left_unwritten(commit)
         if not run_files:
             # A new checkpoint over an archive without files: let discovery raise its error.
             run_files = discover_files(config.archive)
@@ -407,8 +409,17 @@ class _Runner:
             commit, batches=batches_done, buffers=new_buffers, tuples=new_tuples, resumed=resumed
         )
 
+    def _version_left_unwritten(self, commit: Commit) -> None:
+        """Write the version of the run ``commit`` finished if a stop between that commit and its
+        version left it unwritten: before a new run starts, which might stop on bad input."""
+        progress = self.store.snapshot(commit).progress
+        existing, version = write_run_version(self.output, self.store, self.cid, self.config, commit, progress)
+        if existing is None and version is not None:
+            self.notes.append(f"wrote version {version}: run {commit.run}'s output, which a stop had left unwritten")
+
     def _finish_version(self, commit: Commit, *, batches: int, buffers: int, tuples: int, resumed: bool) -> RunSummary:
         """Write the version of a finished run (once), and summarise."""
+        fault("before_version", commit.batch)
         progress: Mapping[str, Any] = (
             self._progress[1]
             if self._progress is not None and self._progress[0] == commit.batch

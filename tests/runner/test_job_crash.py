@@ -154,6 +154,39 @@ def test_sigkill_at_each_point_then_resume_equals_an_uninterrupted_run(
     assert on_disk <= referenced
 
 
+def test_a_stop_between_a_runs_last_commit_and_its_version_is_caught_up_by_the_next_run(
+    archive: Path, tmp_path: Path, spark: Any
+) -> None:
+    """Killed after its last commit and before its output version: the next run, which finds a new
+    file and so starts a run of its own, first writes the version the stopped run left unwritten
+    (so a later failure of the new run cannot keep it from being validated and published)."""
+    import shutil
+
+    files = sorted(archive.glob("*.parquet"))
+    assert len(files) >= 3
+    first = tmp_path / "archive"
+    first.mkdir()
+    for f in files[:-1]:
+        shutil.copy(f, first / f.name)
+    clean = load_config(write_job(tmp_path / "clean", first))
+    batches = run(clean, spark=spark).batches
+    assert clean.output is not None
+    job = write_job(tmp_path / "stopped", first)
+    crashed = replay_run(job, fault=f"before_version:{batches}")
+    _, err = crashed.communicate(timeout=300)
+    assert crashed.returncode == -signal.SIGKILL, err
+    config = load_config(job)
+    assert config.output is not None
+    assert CheckpointStore(Path(str(config.checkpoint))).commits()[-1] == batches
+    assert not (Path(config.output) / "versions").exists()  # the run's version was never written
+
+    shutil.copy(files[-1], first / files[-1].name)  # a new file: the next run is a new run
+    summary = run(config, spark=spark)
+    assert any(n.startswith("wrote version 1: run 1's output") for n in summary.notes), summary.notes
+    assert summary.version == 2
+    assert digest(config.output, 1) == digest(clean.output, 1)
+
+
 def _kept_buffers(spark: Any, config: Any) -> Any:
     from replay.engine.archive import inspect_schema
     from replay.engine.buffers import scan_buffers

@@ -427,5 +427,10 @@ def read_open(spark: SparkSession, directory: str) -> DataFrame:
     import pyarrow.parquet as pq
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    first = min(p for p in Path(directory).iterdir() if p.suffix == ".parquet")
-    return spark.read.schema(from_arrow_schema(pq.read_schema(first))).parquet(directory)
+    from replay.store.listing import listed
+
+    files = listed(Path(directory), checkpoint=True)  # only what the batch's successful attempts wrote
+    if files is None:  # a directory an earlier Replay wrote: all of it
+        files = sorted(p for p in Path(directory).iterdir() if p.suffix == ".parquet" and p.name[0] not in "._")
+    reader = spark.read.schema(from_arrow_schema(pq.read_schema(files[0])))
+    return reader.parquet(*[str(f) for f in files])

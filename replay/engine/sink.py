@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from replay.store.listing import LISTING, write_listing
+
 __all__ = ["RESULT_SCHEMA", "Part", "Written", "keep_only", "sink", "storage_failure"]
 
 RESULT_SCHEMA = "part string, file string, rows long, owned long, firsts string"
@@ -208,21 +210,24 @@ def sink(
 
 
 def keep_only(directories: Sequence[str], written: Sequence[Written]) -> None:
-    """Delete the files in ``directories`` that no successful task attempt returned, and fsync
-    the directories (their entries are part of what a commit points to)."""
+    """Delete the files in ``directories`` that no successful task attempt returned, and list the
+    others in each directory's ``_files.json`` (``replay.store.listing``)."""
     keep = {os.path.abspath(w.file) for w in written}
     for directory in dict.fromkeys(directories):
         root = Path(directory)
         if not root.is_dir():
             continue
+        kept = []
         for path in root.iterdir():
-            if str(path.absolute()) not in keep:
+            if path.name == LISTING:
+                continue
+            if str(path.absolute()) in keep:
+                kept.append(path.name)
+            else:
                 path.unlink()
-        descriptor = os.open(root, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
+        # Readers read the listed files only (a late attempt's file is never read); its rename
+        # fsyncs the directory, whose entries are part of what a commit points to.
+        write_listing(root, kept)
 
 
 # How a Python ``OSError`` about a file reads at the end of a Spark task's traceback, as the driver

@@ -44,6 +44,7 @@ from replay.store.durable import (
     write_json_atomic,
     write_parquet_atomic,
 )
+from replay.store.listing import listed
 from replay.store.manifest import MANIFEST_FORMAT_VERSION, TABLES, Manifest
 
 __all__ = [
@@ -312,7 +313,21 @@ def _parquet_files(output: Path, entries: Sequence[str], version: int | None = N
     for entry in entries:
         path = output / entry
         if path.is_dir():
-            files += sorted(str(p) for p in path.rglob("*.parquet") if not p.name.startswith(("_", ".")))
+            listing = listed(path)
+            if listing is None:  # written before directories were listed: all of it
+                files += sorted(str(p) for p in path.rglob("*.parquet") if not p.name.startswith(("_", ".")))
+                continue
+            absent = [p for p in listing if not p.exists()]
+            if absent:
+                named = "a version" if version is None else f"version {version}"
+                raise DataError(
+                    f"{absent[0].relative_to(output)} of output {output} is missing, though {named} lists it",
+                    where=Location(file=str(absent[0])),
+                    todo="restore the output directory from a backup, or replay into a new --output (and "
+                    "--checkpoint); the archive is untouched",
+                    code="output.corrupt",
+                )
+            files += [str(p) for p in listing]
         elif path.exists():
             files.append(str(path))
         else:

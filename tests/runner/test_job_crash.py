@@ -187,6 +187,41 @@ def test_a_stop_between_a_runs_last_commit_and_its_version_is_caught_up_by_the_n
     assert digest(config.output, 1) == digest(clean.output, 1)
 
 
+def test_a_file_a_late_task_attempt_adds_to_a_committed_batch_is_never_read(
+    archive: Path, tmp_path: Path, spark: Any
+) -> None:
+    """A task attempt Spark had given up on (speculative, on an executor taken for lost, of a
+    cancelled job) may still write its file after its batch committed. Readers read the files the
+    batch listed: a stray complete copy of a file in every output and open-window directory
+    changes neither the version's tables nor what the next run builds on the open windows."""
+    import shutil
+
+    files = sorted(archive.glob("*.parquet"))
+
+    def two_runs(directory: Path, stray: bool) -> tuple[dict[str, str], dict[str, str]]:
+        first = directory / "archive"
+        first.mkdir(parents=True)
+        for f in files[:-1]:
+            shutil.copy(f, first / f.name)
+        config = load_config(write_job(directory, first))
+        assert config.output is not None and config.checkpoint is not None
+        run(config, spark=spark)
+        if stray:
+            folders = [p for t in ("windows", "late") for p in (Path(config.output) / "data" / t).glob("*")]
+            folders += list((Path(config.checkpoint) / "state").glob("*-open-*"))
+            assert any("-open-" in d.name for d in folders) and len(folders) > 2
+            for folder in folders:
+                written = sorted(folder.glob("*.parquet"))
+                shutil.copy(written[0], folder / ("late-attempt-" + written[0].name))
+        before = digest(config.output)
+        shutil.copy(files[-1], first / files[-1].name)  # the next run reads the open windows
+        run(config, spark=spark)
+        return before, digest(config.output)
+
+    clean = two_runs(tmp_path / "clean", stray=False)
+    assert two_runs(tmp_path / "stray", stray=True) == clean
+
+
 def _kept_buffers(spark: Any, config: Any) -> Any:
     from replay.engine.archive import inspect_schema
     from replay.engine.buffers import scan_buffers

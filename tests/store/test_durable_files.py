@@ -155,3 +155,23 @@ def test_a_publish_waits_for_another_publish_of_the_same_output(tmp_path: Path) 
 def _publish_after(output: Path, order: list[str]) -> None:
     with one_publisher(output):
         order.append("second in")
+
+
+def test_a_listed_directory_reads_its_listed_files_only_and_a_listed_file_gone_is_output_corrupt(
+    tmp_path: Path,
+) -> None:
+    from replay.store.listing import write_listing
+
+    folder = tmp_path / "data" / "windows" / "a"
+    for name in ("part-1.parquet", "part-2.parquet", "stray.parquet"):
+        write_parquet(pa.table({"x": [1]}), folder / name)
+    write_listing(folder, ["part-1.parquet", "part-2.parquet"])
+    version = write_manifest(tmp_path, Manifest(tables={"windows": ("data/windows/a",)}, kind="run")).version
+    assert read_table(tmp_path, "windows", version).num_rows == 2  # not the stray file
+    (folder / "part-2.parquet").unlink()
+    with pytest.raises(DataError) as caught:
+        read_table(tmp_path, "windows", version)
+    assert caught.value.code == "output.corrupt" and "part-2.parquet" in str(caught.value)
+    (folder / "_files.json").write_text('{"format_version": 1, "fi')
+    with pytest.raises(DataError, match="does not list"):
+        read_table(tmp_path, "windows", version)

@@ -12,11 +12,12 @@ error carrying ``marker(column)``, which ``failure`` turns into ``archive.unsumm
 
 **Per window** (``total``): the double nearest to the exact sum of the limbs (ties to even),
 computed from the four limb sums only, so it does not depend on the order of the values: the sums
-are normalised to a sign and a magnitude ``D0 + d1 2^-32 + d2 2^-64 + d3 2^-96`` (``d_k`` in
-``[0, 2^32)``) in integer arithmetic; the 63 bits from the leading one on, with a sticky bit for
-any nonzero bit below them (round to odd), are one long, whose conversion to a double is the one
-rounding (to nearest; 63 >= 53 + 2 bits make round-to-odd then round-to-nearest exact); the rest is
-a scaling by powers of two. A single value comes back exactly.
+are normalised in integer arithmetic to a signed integer part ``W`` and three digits in ``[0,
+2^32)``; the whole number times 2^96 (or, where ``|W| >= 2^30``, times 2^64 or 2^32, the digits
+below standing as a sticky bit: round to odd, keeping at least 94 significant bits) is one exact
+decimal(38,0), whose conversion to a double is the one rounding (to nearest; round to odd at 55 or
+more bits, then to nearest at 53, is exact rounding); the rest is a scaling by a power of two. A
+single value of magnitude 2^-44 or more comes back exactly (its truncation is itself).
 """
 
 from __future__ import annotations

@@ -91,6 +91,9 @@ def _bits(value: Any) -> Any:
 )
 @example(groups=[[-0.3], [-0.1], [1 / 3], [4e-10] * 5, [0.1] * 3, [0.1, 0.2, -0.3], [1e-30, 1e-30]], split=[True])
 @example(groups=[[0.1] * 3, [-0.3] * 7, [2.0**40 + 0.5, -(2.0**40), 1e-6]], split=[True, False])
+# Ties to even, a sticky bit that breaks a tie, and sums beyond 2^30 and 2^62 (fewer digits kept).
+@example(groups=[[2.0**53, 1.0], [2.0**53, 1.0, 2.0**-40], [2.0**53 + 2, 1.0], [-(2.0**53), -1.0]], split=[False])
+@example(groups=[[2.0**62, 2.0**61, 0.75], [-(2.0**62), -(2.0**61), 1e-9], [2.0**31, 0.1, 1e-20]], split=[True])
 def test_sums_and_means_equal_the_reference_for_any_split(
     spark: Any, groups: list[list[float]], split: list[bool]
 ) -> None:

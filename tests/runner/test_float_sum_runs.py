@@ -26,8 +26,9 @@ pytestmark = pytest.mark.spark
 
 _AGGREGATIONS = [{"fn": "count"}] + [{"fn": fn, "column": "value"} for fn in ("sum", "mean", "min", "max")]
 # Per window (one second each), the values of its tuples: one-value windows below and above their
-# sum's old 1e-9 rounding, three 0.1 (whose mean rounds below 0.1), tiny and mixed ones.
-_WINDOWS = [[-0.3], [-0.1], [1 / 3], [4e-10] * 5, [0.1] * 3, [0.1, 0.2, -0.3, 7.25], [-0.3] * 7]
+# sum's old 1e-9 rounding, three 0.1 (whose mean rounds below 0.1), tiny and mixed ones, and values
+# that cancel (the reconciliation's Spark sum gives 0.125 there, the exact sum 0.1).
+_WINDOWS = [[-0.3], [-0.1], [1 / 3], [4e-10] * 5, [0.1] * 3, [0.1, 0.2, -0.3, 7.25], [-0.3] * 7, [1e15, 0.1, -1e15]]
 
 
 def _job(root: Path, archive: Path, **extra: Any) -> Any:
@@ -61,7 +62,7 @@ def test_windows_hold_exact_sums_and_means_within_min_and_max(spark: Any, tmp_pa
         assert math.isclose(row["sum_value"], math.fsum(values), rel_tol=1e-15, abs_tol=1e-300)
     assert [rows[i]["sum_value"] for i in range(3)] == [-0.3, -0.1, 1 / 3]
     assert [rows[i]["mean_value"] for i in range(3)] == [-0.3, -0.1, 1 / 3]
-    assert rows[3]["sum_value"] > 1.9e-9 and rows[4]["mean_value"] == 0.1
+    assert rows[3]["sum_value"] > 1.9e-9 and rows[4]["mean_value"] == 0.1 and rows[7]["sum_value"] == 0.1
     outcome = validate(config.output, suites=["windows", "reconciliation"], spark=spark)
     assert [s["success"] for s in outcome.record["suites"]] == [True, True]
 

@@ -230,6 +230,15 @@ def recompute(inputs: SuiteInputs) -> tuple[DataFrame, dict[str, int]]:
         )
         windowed = _window_rows(rows, spec, inputs)
         aggs = [_aggregate(a.column, a.fn).alias(a.output_name) for a in spec.aggregations]
+        # What a float sum or mean is compared relative to: Spark's sum rounds at every addition, so
+        # it can be off by the tolerance times the sum of the magnitudes, however small the sum.
+        aggs += [
+            (F.sum if a.fn == "sum" else F.avg)(F.abs(F.col(f"`{a.column}`").cast("double"))).alias(
+                _scale(a.output_name)
+            )
+            for a in spec.aggregations
+            if a.fn in ("sum", "mean") and a.column is not None
+        ]
         frames.append(
             windowed.groupBy(F.col(f"`{layout.key}`").alias("key"), F.col("_start").alias("start_us"))
             .agg(*aggs)
@@ -239,6 +248,10 @@ def recompute(inputs: SuiteInputs) -> tuple[DataFrame, dict[str, int]]:
     for other in frames[1:]:
         result = result.unionByName(other, allowMissingColumns=True)
     return result, left_out
+
+
+def _scale(name: str) -> str:
+    return f"_scale_{name}"
 
 
 def _describe(value: Column) -> Column:
@@ -277,6 +290,7 @@ def _window_checks(inputs: SuiteInputs, expected: DataFrame) -> DataFrame:
         F.col("key").alias("e_key"),
         F.col("start_us").alias("e_start"),
         *[F.col(f"`{n}`").alias(f"e_{n}") for n in names],
+        *[F.col(f"`{_scale(n)}`").alias(f"e_{_scale(n)}") for n in names if _scale(n) in expected.columns],
         F.lit(True).alias("e_present"),
     )
     joined = a.join(
@@ -305,7 +319,7 @@ def _window_checks(inputs: SuiteInputs, expected: DataFrame) -> DataFrame:
     for n in names:
         av, ev = F.col(f"a_{n}"), F.col(f"e_{n}")
         if n in floats:
-            scale = F.greatest(F.abs(av), F.abs(ev), F.lit(1.0))
+            scale = F.greatest(F.abs(av), F.abs(ev), F.coalesce(F.col(f"e_{_scale(n)}"), F.lit(0.0)), F.lit(1.0))
             agree = (av.isNull() & ev.isNull()) | (F.abs(av - ev) <= F.lit(tolerance) * scale)
         else:
             agree = av.eqNullSafe(ev)

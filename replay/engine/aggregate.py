@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from replay.core.config import JobConfig
-from replay.engine import pass_counts, pass_query
+from replay.engine import float_sum, pass_counts, pass_query
 from replay.engine.archive import ArchiveLayout, read_failure
 from replay.engine.passes import PassWork, SpecCounts, WorkResult
 from replay.engine.sink import RESULT_SCHEMA, Written, keep_only, sink, storage_failure
@@ -92,8 +92,11 @@ def run_pass(
         try:
             rows = query.union.mapInArrow(sink(parts, query.ids), RESULT_SCHEMA).collect()
         except Exception as exc:  # a task that could not write, or read: reported as the error it is
-            failure: Exception | None = storage_failure(exc) or read_failure(
-                exc, {reported: ours for ours, reported in spark_paths.items()}
+            summed = [a.column for w in config.windows for a in w.aggregations if a.fn in ("sum", "mean") and a.column]
+            failure: Exception | None = (
+                storage_failure(exc)
+                or read_failure(exc, {reported: ours for ours, reported in spark_paths.items()})
+                or float_sum.failure(exc, summed)
             )
             if failure is None:
                 raise

@@ -8,16 +8,20 @@ model's ``Aggregation.fn``). ``count`` without a column is the window's row coun
 window carries anyway (``_rows``), so it needs no partial of its own.
 
 Every partial is exactly mergeable and independent of the order of the tuples: counts and integer
-sums are 64-bit integers, a floating-point column's sum is carried as two 64-bit integer sums (of
-the values' integer parts, and of their fractional parts in units of 1e-9), ``mean`` is such a sum
-and a count, ``min``/``max`` keep the column's type, and ``approx_count_distinct`` carries the set
-of distinct values (so it is exact). The reference model (``replay.reference.model``) and the
-reconciliation suite compute the same functions by their own code, in the same vocabulary.
+sums are 64-bit integers, a floating-point column's sum is carried as four 64-bit integer sums (the
+limbs of ``replay.engine.float_sum``: the values' integer parts and three 32-bit fraction digits),
+``mean`` is such a sum and a count (and, for a floating-point column, its min and max, into which
+the mean is clamped: rounding alone could put it outside), ``min``/``max`` keep the column's type,
+and ``approx_count_distinct`` carries the set of distinct values (so it is exact). The reference
+model (``replay.reference.model``) and the reconciliation suite compute the same functions by their
+own code, in the same vocabulary.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
+
+from replay.engine import float_sum
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -25,8 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FLOAT_SUM_TYPE", "FUNCTIONS", "AggregateFunction", "is_float", "sum_kind"]
 
-FLOAT_SUM_TYPE = "fixed"
-FRACTION_SCALE = 1_000_000_000  # a float's fractional part is added in units of 1e-9
+FLOAT_SUM_TYPE = "limbs"
 
 
 def sum_kind(data_type: DataType) -> str:
@@ -50,8 +53,13 @@ class AggregateFunction:
 
     name: ClassVar[str]
 
-    def partial(self, i: int, value: Column, data_type: DataType) -> list[Column]:
-        """Aggregate expressions over the batch's rows; ``value`` is the column, null off-window."""
+    def columns(self, i: int, data_type: DataType) -> list[str]:
+        """The names of the partial columns (as ``partial`` and ``merge`` name them)."""
+        raise NotImplementedError
+
+    def partial(self, i: int, value: Column, data_type: DataType, column: str) -> list[Column]:
+        """Aggregate expressions over the batch's rows; ``value`` is the column ``column``, null
+        off-window."""
         raise NotImplementedError
 
     def merge(self, i: int, data_type: DataType) -> list[Column]:
@@ -70,7 +78,10 @@ class AggregateFunction:
 class _Count(AggregateFunction):
     name = "count"
 
-    def partial(self, i: int, value: Column, data_type: DataType) -> list[Column]:
+    def columns(self, i: int, data_type: DataType) -> list[str]:
+        return [f"p{i}_n"]
+
+    def partial(self, i: int, value: Column, data_type: DataType, column: str) -> list[Column]:
         from pyspark.sql import functions as F
 
         return [F.count(value).alias(f"p{i}_n")]
@@ -91,29 +102,29 @@ class _Count(AggregateFunction):
         return LongType()
 
 
+def _limb_names(i: int) -> list[str]:
+    return [f"p{i}_l{k}" for k in range(float_sum.LIMBS)]
+
+
 class _Sum(_Count):
     """A count of non-null values (SQL's sum of nothing is null) and the exact sum."""
 
     name = "sum"
 
-    def partial(self, i: int, value: Column, data_type: DataType) -> list[Column]:
+    def columns(self, i: int, data_type: DataType) -> list[str]:
+        return [*super().columns(i, data_type), *(_limb_names(i) if is_float(data_type) else [f"p{i}_s"])]
+
+    def partial(self, i: int, value: Column, data_type: DataType, column: str) -> list[Column]:
         from pyspark.sql import functions as F
 
         kind = sum_kind(data_type)
+        counted = super().partial(i, value, data_type, column)
         if kind != FLOAT_SUM_TYPE:
-            return [*super().partial(i, value, data_type), F.sum(value.cast(kind)).cast(kind).alias(f"p{i}_s")]
-        # Exact and order-independent, in 64-bit integer arithmetic: the integer parts, and the
-        # fractional parts rounded to 1e-9. The values are the payload's own floats (never times).
-        # ``rint`` (to nearest, ties to even) is one floating-point instruction; Spark's ``round``
-        # goes through a BigDecimal per row (about 1 s per 10M values here). Either is a function
-        # of the value alone, which is all that order independence needs.
-        whole = F.floor(value)
-        fraction = F.rint((value - whole) * F.lit(float(FRACTION_SCALE))).cast("long")
-        return [
-            *super().partial(i, value, data_type),
-            F.sum(whole.cast("long")).alias(f"p{i}_s"),
-            F.sum(fraction).alias(f"p{i}_f"),
-        ]
+            return [*counted, F.sum(value.cast(kind)).cast(kind).alias(f"p{i}_s")]
+        # Exact and order-independent, in 64-bit integer arithmetic: each value's limbs
+        # (``replay.engine.float_sum``), a few floating-point instructions per value.
+        limbs = float_sum.limbs(value, column)
+        return [*counted, *[F.sum(limb).alias(name) for limb, name in zip(limbs, _limb_names(i), strict=True)]]
 
     def merge(self, i: int, data_type: DataType) -> list[Column]:
         from pyspark.sql import functions as F
@@ -121,29 +132,21 @@ class _Sum(_Count):
         kind = sum_kind(data_type)
         if kind != FLOAT_SUM_TYPE:
             return [*super().merge(i, data_type), F.sum(f"p{i}_s").cast(kind).alias(f"p{i}_s")]
-        return [
-            *super().merge(i, data_type),
-            F.sum(f"p{i}_s").cast("long").alias(f"p{i}_s"),
-            F.sum(f"p{i}_f").cast("long").alias(f"p{i}_f"),
-        ]
+        return [*super().merge(i, data_type), *[F.sum(name).cast("long").alias(name) for name in _limb_names(i)]]
 
     def total(self, i: int, data_type: DataType) -> Column:
-        """The exact sum; for floats the two integer sums combined as a double (a function of the
-        two integers only, so still independent of the order of the tuples)."""
+        """The exact sum; for floats the double nearest to the limbs' exact sum (a function of the
+        limbs' sums only, so still independent of the order of the tuples)."""
         from pyspark.sql import functions as F
 
         if not is_float(data_type):
             return F.col(f"p{i}_s")
-        fraction = F.col(f"p{i}_f").cast("double") / F.lit(float(FRACTION_SCALE))
-        return F.col(f"p{i}_s").cast("double") + fraction
+        return float_sum.total([F.col(name) for name in _limb_names(i)])
 
     def final(self, i: int, data_type: DataType) -> Column:
         from pyspark.sql import functions as F
 
-        total = self.total(i, data_type)
-        if is_float(data_type):
-            total = total.cast("double")
-        return F.when(F.col(f"p{i}_n") > 0, total)
+        return F.when(F.col(f"p{i}_n") > 0, self.total(i, data_type))
 
     def output_type(self, data_type: DataType) -> DataType:
         from pyspark.sql.types import DecimalType, DoubleType, LongType
@@ -154,14 +157,36 @@ class _Sum(_Count):
 
 
 class _Mean(_Sum):
+    """The sum over the count; of a floating-point column, clamped into the values' [min, max]
+    (``p<i>_lo``, ``p<i>_hi``, partials of their own): the exact mean lies there, so the clamp only
+    takes back what the rounding of the sum and of the division put outside."""
+
     name = "mean"
+
+    def columns(self, i: int, data_type: DataType) -> list[str]:
+        return [*super().columns(i, data_type), *([f"p{i}_lo", f"p{i}_hi"] if is_float(data_type) else [])]
+
+    def partial(self, i: int, value: Column, data_type: DataType, column: str) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        extremes = [F.min(value).alias(f"p{i}_lo"), F.max(value).alias(f"p{i}_hi")] if is_float(data_type) else []
+        return [*super().partial(i, value, data_type, column), *extremes]
+
+    def merge(self, i: int, data_type: DataType) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        extremes = [F.min(f"p{i}_lo").alias(f"p{i}_lo"), F.max(f"p{i}_hi").alias(f"p{i}_hi")]
+        return [*super().merge(i, data_type), *(extremes if is_float(data_type) else [])]
 
     def final(self, i: int, data_type: DataType) -> Column:
         from pyspark.sql import functions as F
 
         # A mean is a double by definition (SQL's avg); both operands are exact order-free totals.
-        total = self.total(i, data_type).cast("double")
-        return F.when(F.col(f"p{i}_n") > 0, total / F.col(f"p{i}_n").cast("double"))
+        mean = self.total(i, data_type).cast("double") / F.col(f"p{i}_n").cast("double")
+        if is_float(data_type):
+            low, high = F.col(f"p{i}_lo").cast("double"), F.col(f"p{i}_hi").cast("double")
+            mean = F.when(mean < low, low).when(mean > high, high).otherwise(mean)
+        return F.when(F.col(f"p{i}_n") > 0, mean)
 
     def output_type(self, data_type: DataType) -> DataType:
         from pyspark.sql.types import DoubleType
@@ -177,7 +202,10 @@ class _Extreme(AggregateFunction):
 
         return F.min(column) if self.name == "min" else F.max(column)
 
-    def partial(self, i: int, value: Column, data_type: DataType) -> list[Column]:
+    def columns(self, i: int, data_type: DataType) -> list[str]:
+        return [f"p{i}_{self.name}"]
+
+    def partial(self, i: int, value: Column, data_type: DataType, column: str) -> list[Column]:
         return [self._fn(value).alias(f"p{i}_{self.name}")]
 
     def merge(self, i: int, data_type: DataType) -> list[Column]:
@@ -205,7 +233,10 @@ class _ApproxCountDistinct(AggregateFunction):
 
     name = "approx_count_distinct"
 
-    def partial(self, i: int, value: Column, data_type: DataType) -> list[Column]:
+    def columns(self, i: int, data_type: DataType) -> list[str]:
+        return [f"p{i}_set"]
+
+    def partial(self, i: int, value: Column, data_type: DataType, column: str) -> list[Column]:
         from pyspark.sql import functions as F
 
         return [F.collect_set(value).alias(f"p{i}_set")]

@@ -35,6 +35,7 @@ from replay.engine.windows import (
     PUNCTUATION_START,
     WindowColumns,
     aggregated_types,
+    check_open_state,
     merge,
     output_columns,
     partials,
@@ -200,7 +201,9 @@ class _Builder:
         spent: list[str] = []  # the first aggregation's columns for the observed counts only
         late_here = self.late_in_windows and s == 0 and rows_frame is not None  # late tuples ride in these partials
         if previous is not None:
-            pieces.append(read_open(self.spark, previous).withColumn("_fb", F.lit(0).cast("long")))
+            carried = read_open(self.spark, previous)
+            check_open_state(carried.columns, spec, cols, previous)
+            pieces.append(carried.withColumn("_fb", F.lit(0).cast("long")))
         counts = self.counts
         if rows_frame is not None and s == 0 and (counts.ride or self.late_in_windows):
             # Every row through this aggregation: the ledger's counts ride in it (one batch), the

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from replay.core.config import Aggregation, WindowSpec
+from replay.core.errors import CheckpointStateError, Location
 from replay.core.window_kinds import shape_of
 from replay.engine.aggregations import FLOAT_SUM_TYPE, FUNCTIONS
 
@@ -42,10 +43,12 @@ __all__ = [
     "REST_START",
     "WindowColumns",
     "aggregated_types",
+    "check_open_state",
     "merge",
     "output_columns",
     "owner_start",
     "owns_its_members",
+    "partial_columns",
     "partials",
     "window_end",
     "window_values",
@@ -95,8 +98,34 @@ def _partial_exprs(spec: WindowSpec, cols: WindowColumns, member: Column, owned:
     for i, agg in enumerate(spec.aggregations):
         if agg.column is not None:
             value = F.when(member, F.col(_q(agg.column)))
-            exprs += FUNCTIONS[agg.fn].partial(i, value, cols.types[agg.column])
+            exprs += FUNCTIONS[agg.fn].partial(i, value, cols.types[agg.column], agg.column)
     return exprs
+
+
+def partial_columns(spec: WindowSpec, cols: WindowColumns) -> list[str]:
+    """The names of ``spec``'s aggregation partials (``partials``' columns after ``_rows``, ``_owned``)."""
+    return [
+        name
+        for i, agg in enumerate(spec.aggregations)
+        if agg.column is not None
+        for name in FUNCTIONS[agg.fn].columns(i, cols.types[agg.column])
+    ]
+
+
+def check_open_state(columns: Sequence[str], spec: WindowSpec, cols: WindowColumns, directory: str) -> None:
+    """Refuse open windows carried in (their file's ``columns``) without every partial column this
+    version of Replay merges for ``spec``: a checkpoint written by a version that carried other
+    partials (the float sums' earlier two-integer form) cannot be continued exactly."""
+    missing = [name for name in partial_columns(spec, cols) if name not in columns]
+    if missing:
+        raise CheckpointStateError(
+            f"the open windows of window aggregation '{spec.name}' were written by another version of "
+            f"Replay, with other partial aggregates (missing {', '.join(missing)}), so they cannot be merged",
+            where=Location(file=directory),
+            todo="replay from scratch with a new --checkpoint directory (and a new --output), or finish this "
+            "checkpoint with the version of Replay that wrote it",
+            code="checkpoint.state",
+        )
 
 
 def _merge_exprs(spec: WindowSpec, cols: WindowColumns) -> list[Column]:

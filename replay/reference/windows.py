@@ -10,8 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 from replay.core.config import Aggregation, ColumnMapping, WindowSpec
+from replay.core.errors import DataError, Location
 
 __all__ = ["WindowRow", "aggregate", "build_windows", "window_starts"]
 
@@ -45,11 +47,42 @@ def window_starts(t: int, *, size: int, slide: int, offset: int) -> list[int]:
     return sorted(starts)
 
 
-def _sum(values: list[object]) -> object:
+#: A floating-point value is summed truncated toward zero to a multiple of this (2^-96).
+_RESOLUTION = Fraction(1, 2**96)
+
+
+def _truncated(value: float, column: str | None) -> Fraction:
+    """``value`` as the exact fraction a float sum adds: truncated toward zero to a multiple of
+    2^-96. NaN, infinities and values of magnitude 2^63 or more cannot be summed."""
+    if not math.isfinite(value) or abs(value) >= 2.0**63:
+        raise DataError(
+            f"column '{column}' holds a NaN, an infinity or a value of magnitude 2^63 or more",
+            where=Location(column=column),
+            todo="replace those values in the archive",
+            code="archive.unsummable",
+        )
+    return math.trunc(Fraction(value) / _RESOLUTION) * _RESOLUTION
+
+
+def _sum(values: list[object], column: str | None) -> object:
     if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         return sum(values)  # type: ignore[arg-type]
+    if all(isinstance(v, float) for v in values):
+        # The nearest double (ties to even: Fraction's float() is correctly rounded) to the exact
+        # sum of the truncated values, so the order of the tuples cannot matter.
+        return float(sum((_truncated(v, column) for v in values), Fraction(0)))  # type: ignore[arg-type]
     # Correctly rounded, so the reference does not depend on the order of the tuples.
     return math.fsum(values)  # type: ignore[arg-type]
+
+
+def _mean(values: list[object], column: str | None) -> float:
+    if not all(isinstance(v, float) for v in values):
+        return math.fsum(values) / len(values)  # type: ignore[arg-type]
+    floats = [float(v) for v in values]  # type: ignore[arg-type]
+    mean = float(_sum(values, column)) / len(floats)  # type: ignore[arg-type]
+    # The exact mean lies between the smallest and the largest value: a rounding outside is taken back.
+    low, high = min(floats), max(floats)
+    return low if mean < low else high if mean > high else mean
 
 
 def aggregate(aggregation: Aggregation, values: Sequence[object]) -> object:
@@ -71,13 +104,13 @@ def aggregate(aggregation: Aggregation, values: Sequence[object]) -> object:
     if not present:
         return None
     if aggregation.fn == "sum":
-        return _sum(present)
+        return _sum(present, aggregation.column)
     if aggregation.fn == "min":
         return min(present)  # type: ignore[type-var]
     if aggregation.fn == "max":
         return max(present)  # type: ignore[type-var]
     if aggregation.fn == "mean":
-        return math.fsum(present) / len(present)  # type: ignore[arg-type]
+        return _mean(present, aggregation.column)
     raise AssertionError(f"unknown aggregation {aggregation.fn}")
 
 

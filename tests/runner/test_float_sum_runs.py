@@ -1,0 +1,114 @@
+"""Runs over floating-point values that are not multiples of a power of two (the generator's are):
+the ``windows`` table holds exact sums and means inside [min, max], which the ``windows`` suite
+checks; any micro-batch size gives the same digests; NaN stops the run with a named error; open
+windows written with the earlier two-integer float sums are refused."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from replay.core.errors import ReplayError
+from replay.quality.validate import validate
+from replay.runner.loop import run
+from replay.store.outputs import read_table
+from tests._archives import buffer_rows, write_archive
+from tests.runner._jobs import RESULTS, SECOND, T0, results, small_job
+
+pytestmark = pytest.mark.spark
+
+_AGGREGATIONS = [{"fn": "count"}] + [{"fn": fn, "column": "value"} for fn in ("sum", "mean", "min", "max")]
+# Per window (one second each), the values of its tuples: one-value windows below and above their
+# sum's old 1e-9 rounding, three 0.1 (whose mean rounds below 0.1), tiny and mixed ones, and values
+# that cancel (the reconciliation's Spark sum gives 0.125 there, the exact sum 0.1).
+_WINDOWS = [[-0.3], [-0.1], [1 / 3], [4e-10] * 5, [0.1] * 3, [0.1, 0.2, -0.3, 7.25], [-0.3] * 7, [1e15, 0.1, -1e15]]
+
+
+def _job(root: Path, archive: Path, **extra: Any) -> Any:
+    windows = [{"name": "w", "size": "1s", "aggregations": _AGGREGATIONS}]
+    return small_job(root, archive, windows=windows, **extra)
+
+
+def _archive(archive: Path, windows: list[list[float]] = _WINDOWS, *, close: bool = True) -> None:
+    """One buffer per window's tuple, window ``w`` being second ``w``; the last buffer's watermark
+    closes every window when ``close``."""
+    rows: list[dict[str, Any]] = []
+    seq = 0
+    for w, values in enumerate(windows):
+        for j, value in enumerate(values):
+            seq += 1
+            rows += buffer_rows(1, seq, watermark=T0 + w * SECOND, events=[(T0 + w * SECOND + 1 + j, 1, value)])
+    if close:
+        rows += buffer_rows(1, seq + 1, watermark=T0 + (len(windows) + 1) * SECOND)
+    write_archive(archive, rows)
+
+
+def test_windows_hold_exact_sums_and_means_within_min_and_max(spark: Any, tmp_path: Path) -> None:
+    archive = tmp_path / "archive"
+    _archive(archive)
+    config = _job(tmp_path, archive)
+    run(config, spark=spark)
+    rows = sorted(read_table(config.output, "windows").to_pylist(), key=lambda r: r["window_start"])
+    assert [r["count"] for r in rows] == [len(v) for v in _WINDOWS]
+    for row, values in zip(rows, _WINDOWS, strict=True):
+        assert row["min_value"] <= row["mean_value"] <= row["max_value"], (values, row)
+        assert math.isclose(row["sum_value"], math.fsum(values), rel_tol=1e-15, abs_tol=1e-300)
+    assert [rows[i]["sum_value"] for i in range(3)] == [-0.3, -0.1, 1 / 3]
+    assert [rows[i]["mean_value"] for i in range(3)] == [-0.3, -0.1, 1 / 3]
+    assert rows[3]["sum_value"] > 1.9e-9 and rows[4]["mean_value"] == 0.1 and rows[7]["sum_value"] == 0.1
+    outcome = validate(config.output, suites=["windows", "reconciliation"], spark=spark)
+    assert [s["success"] for s in outcome.record["suites"]] == [True, True]
+
+
+def test_any_micro_batch_size_gives_the_same_digests(spark: Any, tmp_path: Path) -> None:
+    archive = tmp_path / "archive"
+    _archive(archive)
+    digests = []
+    for size in (None, 1, 4):
+        config = _job(tmp_path / f"b{size}", archive, micro_batch={"max_buffers": size})
+        run(config, spark=spark)
+        digests.append(results(config))
+    assert digests[0] == digests[1] == digests[2]
+    assert set(digests[0]) == set(RESULTS)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -(2.0**63)])
+def test_a_value_that_cannot_be_summed_stops_the_run_naming_its_column(spark: Any, tmp_path: Path, bad: float) -> None:
+    archive = tmp_path / "archive"
+    _archive(archive, [[1.0], [0.5, bad]])
+    config = _job(tmp_path, archive)
+    with pytest.raises(ReplayError) as raised:
+        run(config, spark=spark)
+    assert raised.value.code == "archive.unsummable"
+    assert raised.value.where.column == "value" and "'value'" in str(raised.value)
+
+
+def test_open_windows_of_the_earlier_float_sums_are_refused(spark: Any, tmp_path: Path) -> None:
+    archive = tmp_path / "archive"
+    _archive(archive, [[0.25], [0.5]], close=False)  # the second window stays open
+    config = _job(tmp_path, archive)
+    run(config, spark=spark)
+    # The open windows as the earlier Replay wrote them: the float sums as (integer part, fraction
+    # in units of 1e-9) in p<i>_s and p<i>_f, no limbs, and the mean without its min and max.
+    files = list((tmp_path / "ckpt" / "state").glob("*-open-*/*.parquet"))
+    assert files
+    for path in files:
+        table = pq.read_table(path)
+        limbs = [n for n in table.column_names if re.fullmatch(r"p\d+_(l\d|lo|hi)", n)]
+        assert limbs
+        for i in (1, 2):
+            table = table.append_column(f"p{i}_s", pc.cast(table.column(f"p{i}_l0"), pa.int64()))
+            table = table.append_column(f"p{i}_f", pa.array([0] * table.num_rows, pa.int64()))
+        pq.write_table(table.drop_columns(limbs), path)
+    write_archive(archive, buffer_rows(1, 3, watermark=T0 + 5 * SECOND), name="part-00001.parquet")
+    with pytest.raises(ReplayError) as raised:
+        run(config, spark=spark)
+    assert raised.value.code == "checkpoint.state"
+    assert "'w'" in str(raised.value) and "p1_l0" in str(raised.value)

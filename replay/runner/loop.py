@@ -51,7 +51,7 @@ from replay.engine.scan_columns import scan_columns
 from replay.engine.spark import driver_arrow_memory, job_progress
 from replay.runner.batch import process
 from replay.runner.context import Batch, RunContext, fault
-from replay.runner.dedup import deduplicate
+from replay.runner.dedup import after_skip_notes, deduplicate
 from replay.runner.hold import EmissionHold
 from replay.runner.plan import cut_batches, file_stamp, plan_batches, plan_passes
 from replay.runner.resume import intent_with_files, rebuild
@@ -323,6 +323,7 @@ class _Runner:
             return hashes
 
         new, discarded = deduplicate(scan, state, store, config, mode, hasher)
+        self.notes += after_skip_notes(discarded)
         del scan  # the run's buffers are ``new`` and then the batches, each let go once its pass is done
 
         done = 0

@@ -26,6 +26,7 @@ KINDS = {
     "regression": "regressions",
     "duplicate": "duplicates",
     "conflict": "conflicts",
+    "after_skip": "after_skip",
 }
 
 

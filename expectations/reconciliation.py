@@ -7,7 +7,8 @@ without the engine's code (no progress engine, no partials, no merging):
 1. copies: runs of consecutive rows of one buffer identity within a file (a grouping where
    an identity's rows in a file are consecutive, gaps and islands over the row position where
    not); of an identity's copies the first by (``ingest_ts``, file, first row) is kept, the
-   others are duplicates;
+   others are duplicates; every copy of a buffer the ``integrity`` table lists as ``after_skip``
+   (its sequence closed by ``gap_policy: skip`` in an earlier run) is discarded;
 2. in origin mode, tuples of sequences beyond ``complete prefix + 1`` are still pending
    (their threshold is not known yet) and are left out;
 3. per window aggregation, tuples in the ``late`` table of its key are left out (lateness is a
@@ -24,6 +25,8 @@ what differs otherwise; the expectations ask those columns to be null.
 
 from __future__ import annotations
 
+from functools import reduce
+from operator import and_
 from typing import TYPE_CHECKING, Any
 
 from expectations._inputs import SuiteInputs
@@ -93,6 +96,20 @@ def _kept_rows(inputs: SuiteInputs) -> tuple[DataFrame, dict[str, int]]:
         copies = copies.unionByName(islands)
     first = Window.partitionBy(*_IDENTITY).orderBy("_ingest", "_file", "_first")
     copies = copies.withColumn("_kept", F.row_number().over(first) == 1)
+    # A buffer of a sequence that gap_policy: skip closed in an earlier run arrived too late to be
+    # replayed: every copy of it is discarded (the integrity table lists it as ``after_skip``).
+    late = [
+        tuple(r)
+        for r in inputs.tables["integrity"]
+        .where("kind = 'after_skip'")
+        .select("origin_id", "sequence_number", "chunk_number")
+        .collect()
+    ]
+    if late:
+        closed = F.lit(False)
+        for identity in late:
+            closed = closed | reduce(and_, [F.col(c) == F.lit(v) for c, v in zip(_IDENTITY, identity, strict=True)])
+        copies = copies.withColumn("_kept", F.col("_kept") & ~closed)
     if inputs.mode == "origin":
         prefix = {int(o["origin"]): int(o["complete_prefix"]) for o in inputs.manifest.origins or ()}
         limit = F.create_map(*[x for o, p in prefix.items() for x in (F.lit(o), F.lit(p + 1))])

@@ -50,6 +50,7 @@ class IntegrityKind(StrEnum):
     REGRESSION = "regression"  # a watermark that went backwards
     DUPLICATE = "duplicate"  # an identical copy, discarded
     CONFLICT = "conflict"  # a copy with different content, discarded
+    AFTER_SKIP = "after_skip"  # a buffer of a sequence an earlier run closed (gap_policy: skip), discarded
 
 
 class GapPolicy(StrEnum):

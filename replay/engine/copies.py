@@ -374,6 +374,7 @@ def cached_content_hashes(
             spark_paths[file] = entry[0]
         else:
             missing.append(copy)
+    before = {file: cache.key_of(file, digest) for file in {copy[0] for copy in missing}}  # as for the scan
     fresh, paths = content_hashes(spark, layout, missing, threads=threads)
     hashes.update(fresh)
     spark_paths.update(paths)
@@ -383,5 +384,5 @@ def cached_content_hashes(
         by_file.setdefault(file, dict(entry[1]) if entry is not None else {})[row] = value
     for file, values in by_file.items():
         if file in paths:
-            cache.put_hashes(file, digest, paths[file], values)  # the cached hashes and the new ones
+            cache.put_hashes(file, digest, paths[file], values, before[file])  # the cached hashes and the new ones
     return hashes, spark_paths, len(missing)

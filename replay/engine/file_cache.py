@@ -3,7 +3,9 @@
 Each archive file's scan records (``replay.engine.scan``) are kept under a key made of the
 file's path, size, modification time and a digest of its Parquet footer, and of the columns
 read: a file already scanned is never read again, and a file rewritten in place (same name,
-new content) is scanned again. Beside them, the content hashes of the file's copies that had
+new content) is scanned again. The key is taken before the file is read and an entry is kept
+only if the file still has it afterwards: records of a file rewritten while it was read are
+never kept under the new content's key. Beside them, the content hashes of the file's copies that had
 to be hashed (``replay.engine.copies``), under the same kind of key.
 """
 
@@ -97,12 +99,13 @@ class FileCache:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None  # unreadable (a crash mid-write of another version): hash the copies again
 
-    def put_hashes(self, path: str, digest: str, spark_path: str, hashes: dict[int, str]) -> None:
+    def put_hashes(self, path: str, digest: str, spark_path: str, hashes: dict[int, str], before: str | None) -> None:
         """Keep ``hashes`` (content hash by first row: every one known of ``path``'s copies, the
-        ones ``get_hashes`` gave included) as the cache's entry for ``path``."""
+        ones ``get_hashes`` gave included) as the cache's entry for ``path``, if the file still has
+        the key ``before`` (``key_of`` taken before the hashes were computed)."""
         key = self.key_of(path, digest)
-        if key is None:
-            return
+        if key is None or key != before:
+            return  # changed while it was read: the hashes may be the old content's
         self.root.mkdir(parents=True, exist_ok=True)
         entry = self._entry(path, ".hashes.json")
         tmp = entry.with_suffix(".tmp")
@@ -124,11 +127,14 @@ class FileCache:
             return None
         return f"{path}|{st.st_size}|{st.st_mtime_ns}|{footer}|{digest}"
 
-    def put(self, path: str, columns: ScanColumns, records: pa.Table) -> None:
+    def put(self, path: str, columns: ScanColumns, records: pa.Table, before: str | None) -> None:
+        """Keep ``records`` (the file's scan) as the entry for ``path``, if the file still has the
+        key ``before`` (``key`` taken before the scan read it): a file rewritten while it was read
+        is scanned again by the next run, never answered with records of another content."""
         import pyarrow.ipc as ipc
 
         key = self.key(path, columns)
-        if key is None:
+        if key is None or key != before:
             return
         self.root.mkdir(parents=True, exist_ok=True)
         table = records.replace_schema_metadata({"replay.cache_key": key})

@@ -289,6 +289,8 @@ def scan_records(
             missing.append(path)
         else:
             found[path] = cached
+    # Each file's key before the scan reads it: an entry is kept only under the content it read.
+    before = {path: cache.key(path, columns) for path in missing} if cache is not None else {}
     fresh = scan_files(spark, missing, columns, threads=threads)
     if missing:
         # Each record's file as its position in ``missing`` (records of another file, which the
@@ -303,7 +305,7 @@ def scan_records(
         for at, path in enumerate(missing):
             found[path] = fresh.slice(int(bounds[at]), int(bounds[at + 1] - bounds[at]))
             if cache is not None:
-                cache.put(path, columns, found[path])
+                cache.put(path, columns, found[path], before[path])
     schema = columns.record_schema()
     return pa.concat_tables([found[path] for path in files] or [schema.empty_table()]), len(missing)
 

@@ -41,6 +41,7 @@ INTEGRITY_KINDS: dict[str, str] = {
     IntegrityKind.REGRESSION: "Watermark regressions",
     IntegrityKind.DUPLICATE: "Duplicates (identical copies discarded)",
     IntegrityKind.CONFLICT: "Conflicts (copies with different content)",
+    IntegrityKind.AFTER_SKIP: "Arrived after skip (buffers of sequences closed by gap_policy: skip in an earlier run)",
 }
 INTEGRITY_ROWS = 200  # rows shown per integrity kind
 CORRECTION_ROWS = 100

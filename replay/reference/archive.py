@@ -49,6 +49,7 @@ class Buffer:
     ingest_ts: int | None
     watermarks: dict[str, int | None]  # key -> this buffer's k-watermark (None: no new promise)
     tuples: tuple[Row, ...]  # its non-punctuation rows, in row order
+    file: str = ""  # the file of the kept copy
 
     @property
     def identity(self) -> Identity:
@@ -309,6 +310,7 @@ def load_archive(archive: str | Path, config: JobConfig, *, lateness: str | None
                 ingest_ts=copy.ingest_ts,
                 watermarks=marks,
                 tuples=tuples,
+                file=copy.file,
             )
         )
     return LoadedArchive(

@@ -7,7 +7,9 @@ Spark job) is compared with on generated archives. It follows
 
 Clarity over speed: the archive (a few thousand rows at most) is read into
 Python objects (``replay.reference.archive``), one run covers the whole archive (no
-micro-batches, no checkpoint), and each origin's progress is recomputed from scratch
+micro-batches, no checkpoint; an incremental replay is told which files each earlier run
+read, and those runs only end where they ended: skip closes gaps and ``G_k`` steps there),
+and each origin's progress is recomputed from scratch
 from its buffers whenever it is needed (``replay.reference.progress``). Here the
 thresholds are applied to the tuples, the windows built (``replay.reference.windows``)
 and everything gathered into a ``replay.reference.results.ReferenceResult``. Time is
@@ -16,8 +18,9 @@ integer microseconds, ``NEG_INF`` means "no watermark yet", intervals are half-o
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from replay.core.config import JobConfig
@@ -72,13 +75,23 @@ def _late_order(row: LateRow) -> tuple[object, ...]:
     return (row.wm_key, row.origin_id, row.sequence_number, row.chunk_number, values)
 
 
-def run_reference(archive: str | Path, config: JobConfig, *, lateness: str | None = None) -> ReferenceResult:
-    """Replay a local Parquet archive through the reference model, in one run.
+def run_reference(
+    archive: str | Path,
+    config: JobConfig,
+    *,
+    lateness: str | None = None,
+    earlier: Sequence[Collection[str | Path]] = (),
+) -> ReferenceResult:
+    """Replay a local Parquet archive through the reference model, in one run (or after ``earlier`` runs).
 
     Reads every ``*.parquet`` file under ``archive`` (recursively, sorted by path),
     deduplicates buffers, computes progress per origin and key, decides lateness
     (``lateness`` overrides ``config.lateness``), applies ``gap_policy: skip`` at the
     end of the run, and aggregates the windows. Times are int microseconds.
+
+    ``earlier``: the files each earlier run of an incremental replay found (every file it
+    read, in run order); a buffer belongs to the first run whose files hold it, the last run
+    finds the rest (``replay.reference.progress.run_progress``).
 
     Raises:
         ConfigError: a watermark column named in the job is absent from the archive
@@ -90,7 +103,13 @@ def run_reference(archive: str | Path, config: JobConfig, *, lateness: str | Non
     """
     loaded = load_archive(archive, config, lateness=lateness)
     keys = loaded.keys
-    run = run_progress(loaded, config)
+    runs = [{str(Path(f).resolve()) for f in files} for files in earlier]
+    run_of = {
+        b.identity: next((i for i, files in enumerate(runs) if str(Path(b.file).resolve()) in files), len(runs))
+        for b in loaded.buffers
+    }
+    run = run_progress(loaded, config, run_of)
+    loaded = dataclasses.replace(loaded, buffers=run.buffers)  # without the after_skip buffers
     late, on_time, pending_tuples = _decide(loaded, run.thresholds)
     effective = {k: minus(run.global_watermarks[k], key.allowed_lateness) for k, key in keys.items()}
     windows, open_windows = build_windows(
@@ -152,4 +171,5 @@ def run_reference(archive: str | Path, config: JobConfig, *, lateness: str | Non
         open_windows=open_windows,
         pending_tuples=pending_tuples,
         tuples_read=loaded.tuples_read,
+        after_skip=frozenset(b.identity for b in run.after_skip),
     )

@@ -10,6 +10,7 @@ applies to the tuples.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from replay.core.config import JobConfig
 from replay.core.errors import Location, WatermarkRegressionError
 from replay.core.timeutil import NEG_INF, format_ts, minus
 from replay.core.vocabulary import Lateness, LateReason
-from replay.reference.archive import Buffer, LoadedArchive, ResolvedKey
+from replay.reference.archive import Buffer, Identity, LoadedArchive, ResolvedKey
 
 __all__ = [
     "BEHIND_GLOBAL_WATERMARK",
@@ -64,11 +65,13 @@ def origin_state(
     chunk_base: int,
     skip: bool,
     on_regression: str,
+    closed_before: frozenset[int] = frozenset(),
 ) -> OriginState:
     """An origin's complete prefix and sequence watermarks, from scratch, from its buffers.
 
     With ``skip``, every missing or incomplete sequence below the highest one seen is
-    closed. Regressions are checked as sequences enter the prefix.
+    closed; the sequences in ``closed_before`` (closed by earlier runs) are closed whatever
+    ``skip`` says. Regressions are checked as sequences enter the prefix.
 
     Raises:
         WatermarkRegressionError: under ``on_regression == "fail"``.
@@ -83,7 +86,9 @@ def origin_state(
     s = 1
     while True:
         chunks = by_sequence.get(s, [])
-        if is_complete(chunks, chunk_base):
+        if s in closed_before:
+            closing = True
+        elif is_complete(chunks, chunk_base):
             closing = False
         elif skip and s < highest:
             closing = True
@@ -165,35 +170,49 @@ def idle_origins(
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Run:
-    """The end state of one run: final origin states, ``G_k``, time windows and thresholds."""
+    """The end state of the runs: final origin states, ``G_k``, time windows and thresholds, the
+    buffers fed (``buffers``) and those found after an earlier run had closed their sequence
+    (``after_skip``: never fed)."""
 
     states: dict[int, OriginState]
     participants: dict[str, set[int]]
     global_watermarks: dict[str, int]
     time_windows: dict[str, tuple[int, int] | None]
     thresholds: dict[tuple[int, int, int, str], Threshold | None]
+    buffers: tuple[Buffer, ...]
+    after_skip: tuple[Buffer, ...]
 
 
-def run_progress(loaded: LoadedArchive, config: JobConfig) -> Run:
-    """Sections 2 and 3: progress, thresholds and the global watermark of the whole run."""
-    keys, buffers = loaded.keys, loaded.buffers
-    by_origin: dict[int, list[Buffer]] = defaultdict(list)
-    for b in buffers:
-        by_origin[b.origin].append(b)
+def run_progress(loaded: LoadedArchive, config: JobConfig, run_of: Mapping[Identity, int] | None = None) -> Run:
+    """Sections 2 and 3: progress, thresholds and the global watermark of the whole replay.
+
+    ``run_of``: per buffer identity, the run (0, 1, ...) that first finds it (docs/semantics.md,
+    incremental runs); without it one run finds every buffer. Each run ends as a run ends:
+    ``gap_policy: skip`` closes its gaps for good (a buffer of a closed sequence that a later run
+    finds is not fed: ``after_skip``) and ``G_k`` takes a step. An origin takes part from the run
+    that finds it; in arrival mode a later run's buffer arrives no earlier than the clock; in
+    origin mode a threshold is at least ``G_k`` as the run that decides the buffer began.
+    """
+    keys = loaded.keys
+    found = run_of or {}
+    runs = 1 + max(found.values(), default=0)
     expected = set(config.expected_origins)
-    # Participants of the whole run (the archive as read plus expected origins): an origin
-    # whose first buffer arrives later already counts, as minus infinity, before it does.
-    participants = {k: {b.origin for b in buffers if b.watermarks[k] is not None} | expected for k in keys}
+    skip = config.gap_policy == "skip"
 
-    def state_of(origin: int, its_buffers: Sequence[Buffer], *, skip: bool) -> OriginState:
+    def state_of(origin: int, its_buffers: Sequence[Buffer], *, closing: bool) -> OriginState:
         return origin_state(
             origin,
             its_buffers,
             keys,
             chunk_base=config.chunk_base,
-            skip=skip,
+            skip=closing,
             on_regression=config.watermark_regression,
+            closed_before=frozenset(closed.get(origin, ())),
         )
+
+    # Participants of a run (what it and earlier runs found, plus expected origins): an origin
+    # whose first buffer arrives later in the run already counts, as minus infinity, before it does.
+    participants: dict[str, set[int]] = {k: set(expected) for k in keys}
 
     def locals_of(states: Mapping[int, OriginState], k: str) -> dict[int, int]:
         return {o: states[o].local(k) if o in states else NEG_INF for o in participants[k]}
@@ -202,48 +221,86 @@ def run_progress(loaded: LoadedArchive, config: JobConfig) -> Run:
     time_windows: dict[str, tuple[int, int] | None] = {k: None for k in keys}
     thresholds: dict[tuple[int, int, int, str], Threshold | None] = {}
     idle: frozenset[int] = frozenset()  # idleness exists only in arrival mode
-
-    if loaded.lateness == "arrival":
-        # A live engine's view: buffers applied one at a time; E_k(p) is the effective
-        # watermark before buffer p. Only the arriving buffer's origin changes, so only its
-        # state is recomputed (from scratch, over its buffers applied so far).
-        order = sorted(buffers, key=lambda b: (b.ingest_ts, b.origin, b.sequence, b.chunk))
-        applied: dict[int, list[Buffer]] = defaultdict(list)
-        latest: dict[int, Buffer] = {}
-        states: dict[int, OriginState] = {}
-        for b in order:
-            for k, key in keys.items():
-                thresholds[(*b.identity, k)] = (minus(g[k], key.allowed_lateness), BEHIND_GLOBAL_WATERMARK)
-            applied[b.origin].append(b)
-            latest[b.origin] = b
-            states[b.origin] = state_of(b.origin, applied[b.origin], skip=False)
-            idle = idle_origins(
-                set().union(*participants.values()),
-                latest,
-                clock=b.ingest_ts,  # type: ignore[arg-type]
-                first_ingest=order[0].ingest_ts,  # type: ignore[arg-type]
-                idle_timeout=config.idle_timeout,
-                expected=expected,
-            )
-            for k in keys:
-                g[k], time_windows[k] = global_step(g[k], locals_of(states, k), idle)
-
-    # End of the run: every origin's final state (gap_policy: skip closes gaps now), and one
-    # more step of G (the only one in origin mode, where the whole run is one batch).
-    final = {o: state_of(o, by_origin[o], skip=config.gap_policy == "skip") for o in sorted(by_origin)}
-    for k in keys:
-        g[k], time_windows[k] = global_step(g[k], locals_of(final, k), idle)
-
-    if loaded.lateness == Lateness.ORIGIN:
-        for b in buffers:
-            state = final[b.origin]
-            for k, key in keys.items():
-                decided = b.sequence - 1 <= state.prefix  # s - 1 is in the complete prefix
-                thresholds[(*b.identity, k)] = (
-                    (minus(state.marks[k][b.sequence - 1], key.allowed_lateness), BEHIND_ORIGIN_WATERMARK)
-                    if decided
-                    else None
+    closed: dict[int, set[int]] = defaultdict(set)  # per origin, the sequences earlier runs closed
+    fed: dict[int, list[Buffer]] = defaultdict(list)  # per origin, the buffers fed so far
+    after_skip: list[Buffer] = []
+    decided: set[Identity] = set()  # origin mode
+    floors: list[dict[str, int]] = []  # G_k as each run began
+    applied: dict[int, list[Buffer]] = defaultdict(list)  # arrival mode: in arrival order
+    latest: dict[int, Buffer] = {}
+    states: dict[int, OriginState] = {}
+    first_ingest: int | None = None
+    clock: int | None = None
+    final: dict[int, OriginState] = {}
+    for run in range(runs):
+        floors.append(dict(g))
+        mine: list[Buffer] = []
+        for b in loaded.buffers:
+            if found.get(b.identity, 0) != run:
+                continue
+            (after_skip if b.sequence in closed.get(b.origin, ()) else mine).append(b)
+        for k in keys:
+            participants[k] |= {b.origin for b in mine if b.watermarks[k] is not None}
+        for b in mine:
+            fed[b.origin].append(b)
+        if loaded.lateness == "arrival":
+            # A live engine's view: buffers applied one at a time; E_k(p) is the effective
+            # watermark before buffer p. Only the arriving buffer's origin changes, so only its
+            # state is recomputed (from scratch, over its buffers applied so far).
+            arriving = [
+                b if clock is None else dataclasses.replace(b, ingest_ts=max(clock, b.ingest_ts or clock)) for b in mine
+            ]
+            for b in sorted(arriving, key=lambda b: (b.ingest_ts, b.origin, b.sequence, b.chunk)):
+                for k, key in keys.items():
+                    thresholds[(*b.identity, k)] = (minus(g[k], key.allowed_lateness), BEHIND_GLOBAL_WATERMARK)
+                first_ingest = b.ingest_ts if first_ingest is None else first_ingest
+                clock = b.ingest_ts
+                applied[b.origin].append(b)
+                latest[b.origin] = b
+                states[b.origin] = state_of(b.origin, applied[b.origin], closing=False)
+                idle = idle_origins(
+                    set().union(*participants.values()),
+                    latest,
+                    clock=clock,  # type: ignore[arg-type]
+                    first_ingest=first_ingest,  # type: ignore[arg-type]
+                    idle_timeout=config.idle_timeout,
+                    expected=expected,
                 )
+                for k in keys:
+                    g[k], time_windows[k] = global_step(g[k], locals_of(states, k), idle)
+
+        # End of the run: every origin's state (gap_policy: skip closes gaps now), and one more
+        # step of G (the only one in origin mode).
+        final = {o: state_of(o, fed[o], closing=skip) for o in sorted(fed)}
+        for k in keys:
+            g[k], time_windows[k] = global_step(g[k], locals_of(final, k), idle)
+        for o, state in final.items():
+            closed[o] |= state.closed
+        states.update(final)  # arrival mode: the next run's buffers arrive after the closing
+        if loaded.lateness == Lateness.ORIGIN:
+            for o, its in fed.items():
+                for b in its:
+                    if b.identity in decided or b.sequence - 1 > final[o].prefix:
+                        continue  # decided by an earlier run, or not yet (s - 1 is not in the prefix)
+                    decided.add(b.identity)
+                    for k, key in keys.items():
+                        mark, floor = final[o].marks[k][b.sequence - 1], floors[run][k]
+                        thresholds[(*b.identity, k)] = (
+                            (minus(floor, key.allowed_lateness), BEHIND_GLOBAL_WATERMARK)
+                            if floor > mark
+                            else (minus(mark, key.allowed_lateness), BEHIND_ORIGIN_WATERMARK)
+                        )
+    dropped = {b.identity for b in after_skip}
+    buffers = tuple(b for b in loaded.buffers if b.identity not in dropped)
+    for b in buffers:
+        for k in keys:
+            thresholds.setdefault((*b.identity, k), None)
     return Run(
-        states=final, participants=participants, global_watermarks=g, time_windows=time_windows, thresholds=thresholds
+        states=final,
+        participants=participants,
+        global_watermarks=g,
+        time_windows=time_windows,
+        thresholds=thresholds,
+        buffers=buffers,
+        after_skip=tuple(after_skip),
     )

@@ -81,3 +81,4 @@ class ReferenceResult:
     open_windows: tuple[WindowRow, ...]
     pending_tuples: int
     tuples_read: int
+    after_skip: frozenset[tuple[int, int, int]] = frozenset()  # buffers found after their sequence was closed

@@ -13,7 +13,7 @@ from replay.engine.passes import WorkResult, buffer_copy_id, copy_id
 from replay.engine.schemas import table_schemas
 from replay.runner.context import Planned, RunContext, fault
 from replay.runner.ledger import Ledger, account, check_ledger, ledger_row
-from replay.runner.plan import file_stamp
+from replay.runner.plan import CHANGED, unchanged
 from replay.runner.resume import State
 from replay.store import state as _state
 from replay.store.outputs import encode_schema, write_parquet
@@ -141,7 +141,12 @@ def _stage(
         _state.write_discarded(store.root / discarded_rel, [*state.discarded, *step.input.discarded])
     consumed_rel = previous.consumed if previous else None
     if step.input.finish:
-        consumed.update({f: file_stamp(f) for f in ctx.run_files})
+        # The stamps taken before the scan, of the files that still have them: a file rewritten
+        # since (the archiver added buffers) is not consumed, so the next run scans it again.
+        kept, ctx.changed[:] = unchanged(ctx.stamps)
+        consumed.update(kept)
+        # It stays listed (the run's output version read it) with a stamp no file has.
+        consumed.update({f: list(CHANGED) for f in ctx.changed})
         consumed_rel = f"{stem}-files.parquet"
         _state.write_consumed(store.root / consumed_rel, consumed)
     _state.write_buffers(store.root / f"{stem}-held.parquet", step.held, nkeys)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,9 @@ class RunContext:
     mode: str  # the lateness mode, origin or arrival
     run: int
     run_files: tuple[str, ...]
+    stamps: Mapping[str, Sequence[int]]  # each run file's [size, mtime] before the run scanned it
     hold: EmissionHold | None = None  # origin mode, some origin outside G_k: windows held for its tuples
+    changed: list[str] = field(default_factory=list)  # run files changed since: not consumed (the last batch)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,7 +16,7 @@ from replay.runner.resume import State
 from replay.store import state as _state
 from replay.store.checkpoint import CheckpointStore
 
-__all__ = ["deduplicate", "discard", "other_copies"]
+__all__ = ["after_skip_notes", "deduplicate", "discard", "other_copies"]
 
 
 Hasher = Callable[[Sequence[Copy]], Mapping[tuple[str, int], str]]
@@ -74,20 +74,26 @@ def _against_history(
     scan: BufferScan, state: State, config: JobConfig, hasher: Hasher, discarded: list[_state.Discarded]
 ) -> list[int]:
     """The positions in ``scan.buffers`` of the buffers not replayed before; a copy of a replayed
-    buffer goes to ``discarded`` as a duplicate or a conflict (a copy consumed before is skipped)."""
+    buffer goes to ``discarded`` as a duplicate or a conflict (a copy consumed before is skipped),
+    and a buffer never replayed of a sequence ``gap_policy: skip`` closed in an earlier run as
+    ``after_skip`` (its sequence is in its origin's complete prefix: it cannot be fed any more)."""
     new_at: list[int] = []  # positions in ``scan.buffers``
     again = [
         (buf, state.known[buf.identity])
         for buf in scan.buffers
         if (buf.file, buf.row_start) not in state.known_copies and buf.identity in state.known
     ]
+    closed = {(s.origin, s.sequence) for s in state.engine.skipped}
     hashes = dict(hasher([(c.file, *c.identity, c.row_start, c.rows) for pair in again for c in pair])) if again else {}
     for at, buf in enumerate(scan.buffers):
         if (buf.file, buf.row_start) in state.known_copies:
             continue
         known = state.known.get(buf.identity)
         if known is None:
-            new_at.append(at)
+            if (buf.origin, buf.sequence) in closed and state.engine.seen(buf.identity):
+                discarded.append(discard(IntegrityKind.AFTER_SKIP, buf, buf.file, buf.row_start, buf.tuples, ""))
+            else:
+                new_at.append(at)
             continue
         mine = hashes.get((buf.file, buf.row_start), buf.content_hash)
         kept = hashes.get((known.file, known.row_start), known.content_hash)
@@ -115,6 +121,17 @@ def _against_history(
     return new_at
 
 
+def after_skip_notes(discarded: Sequence[_state.Discarded]) -> list[str]:
+    """The run summary's note on the buffers discarded as ``after_skip``, if any."""
+    late = [c for c in discarded if c.kind == IntegrityKind.AFTER_SKIP]
+    if not late:
+        return []
+    return [
+        f"{len(late)} buffer(s) ({sum(c.tuples for c in late)} tuples) of sequences that gap_policy: skip "
+        "closed in an earlier run arrived now: not replayed, reported in the integrity table (kind after_skip)"
+    ]
+
+
 def other_copies(discarded: Sequence[_state.Discarded]) -> dict[tuple[int, int, int], frozenset[str]]:
     """Per identity with discarded copies, the files those copies are in."""
     files: dict[tuple[int, int, int], set[str]] = defaultdict(set)
@@ -126,7 +143,8 @@ def other_copies(discarded: Sequence[_state.Discarded]) -> dict[tuple[int, int, 
 def discard(
     kind: str, copy: Buffer | DuplicateCopy | Conflict, file: str, row_start: int, tuples: int, kept_file: str
 ) -> _state.Discarded:
-    """The record of a copy that was read but not kept (``kind``: duplicate or conflict)."""
+    """The record of a copy that was read but not kept (``kind``: duplicate, conflict or after_skip;
+    ``kept_file`` is empty for after_skip: no copy of it was kept)."""
     return _state.Discarded(
         kind=str(kind),
         origin=copy.origin,

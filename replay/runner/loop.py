@@ -51,9 +51,9 @@ from replay.engine.scan_columns import scan_columns
 from replay.engine.spark import driver_arrow_memory, job_progress
 from replay.runner.batch import process
 from replay.runner.context import Batch, RunContext, fault
-from replay.runner.dedup import deduplicate
+from replay.runner.dedup import after_skip_notes, deduplicate
 from replay.runner.hold import EmissionHold
-from replay.runner.plan import cut_batches, file_stamp, plan_batches, plan_passes
+from replay.runner.plan import changed_notes, cut_batches, plan_batches, plan_passes, stamped
 from replay.runner.resume import intent_with_files, rebuild
 from replay.runner.summary import RunSummary
 from replay.store import state as _state
@@ -284,10 +284,14 @@ class _Runner:
         if intent is not None:
             begun = commit is not None and commit.run == intent.run
             intent = intent_with_files(store, intent, begun=begun, notes=self.notes)
+        # Each file's stamp before the scan reads it (a resumed run keeps its intent's): the last
+        # commit records it as consumed only if the file still has it (``replay.runner.plan.unchanged``).
         if intent is not None:
             run_files = list(intent.files)
+            stamps = dict(intent.stamps) if intent.stamps is not None else stamped(run_files)
         else:
-            run_files = [f for f in discover_files(config.archive) if consumed.get(f) != file_stamp(f)]
+            stamps = {f: s for f, s in stamped(discover_files(config.archive)).items() if consumed.get(f) != s}
+            run_files = list(stamps)
         if not run_files and commit is not None:
             return self._finish_version(commit, batches=0, buffers=0, tuples=0, resumed=resumed)
         if commit is not None and commit.finish:
@@ -330,6 +334,7 @@ class _Runner:
             return hashes
 
         new, discarded = deduplicate(scan, state, store, config, mode, hasher)
+        self.notes += after_skip_notes(discarded)
         del scan  # the run's buffers are ``new`` and then the batches, each let go once its pass is done
 
         done = 0
@@ -340,6 +345,7 @@ class _Runner:
                 first_batch=after + 1,
                 files=tuple(run_files),
                 cuts=tuple(len(b) for b in plan),
+                stamps={f: (s[0], s[1]) for f, s in stamps.items()},
             )
             fault("before_intent", intent.first_batch)
             store.write_run_intent(intent)
@@ -380,6 +386,7 @@ class _Runner:
             mode=mode,
             run=run_number,
             run_files=tuple(run_files),
+            stamps=stamps,
             hold=hold,
         )
         batches_done = 0
@@ -405,6 +412,7 @@ class _Runner:
                 plan[index] = plan[index][:0]  # committed (the run's packed array stays to its end)
             del batches
         assert commit is not None
+        self.notes += changed_notes(ctx.changed)
         return self._finish_version(
             commit, batches=batches_done, buffers=new_buffers, tuples=new_tuples, resumed=resumed
         )

@@ -4,24 +4,72 @@ and how the new buffers are cut into micro-batches (docs/outputs.md#micro-batche
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 from replay.core.buffer import Buffer, PackedBuffers
 from replay.core.config import JobConfig
 from replay.core.paths import local_path
 
-__all__ = ["cut_batches", "file_stamp", "plan_batches", "plan_passes", "relevant"]
+__all__ = [
+    "CHANGED",
+    "changed_notes",
+    "cut_batches",
+    "file_stamp",
+    "plan_batches",
+    "plan_passes",
+    "relevant",
+    "stamped",
+    "unchanged",
+]
 
 B = TypeVar("B", bound=Sequence[Buffer])  # a list of buffers, or packed ones
 
 
+#: The stamp a run records for a file that changed while it read it: no file has it, so the next
+#: run scans the file again.
+CHANGED = (-1, -1)
+
+
 def file_stamp(path: str) -> list[int]:
+    """A file's ``[size, modification time in ns]``; ``[0, 0]`` for a remote file (not compared:
+    a remote file is consumed by its path, docs/outputs.md#files-rewritten-in-place)."""
     local = local_path(path)
     if local is None:
         return [0, 0]
     st = os.stat(local)
     return [st.st_size, st.st_mtime_ns]
+
+
+def stamped(files: Sequence[str]) -> dict[str, list[int]]:
+    """``file_stamp`` of each of ``files``."""
+    return {path: file_stamp(path) for path in files}
+
+
+def changed_notes(changed: Sequence[str]) -> list[str]:
+    """The run's warnings on the files that changed while it read them (``unchanged``)."""
+    return [
+        f"{path} changed while this run read it (size or modification time): it is not recorded as consumed, so "
+        "the next run scans it again and replays the buffers it holds that were not replayed"
+        for path in changed
+    ]
+
+
+def unchanged(stamps: Mapping[str, Sequence[int]]) -> tuple[dict[str, list[int]], list[str]]:
+    """Of files stamped before a run scanned them (``stamps``), those that still have their stamp
+    (with it) and those that changed since, or are gone: a run records only the former as consumed."""
+    kept: dict[str, list[int]] = {}
+    changed: list[str] = []
+    for path, stamp in stamps.items():
+        try:
+            now = file_stamp(path)
+        except OSError:
+            now = None
+        if now == list(stamp):
+            kept[path] = now
+        else:
+            changed.append(path)
+    return kept, changed
 
 
 def relevant(buf: Buffer, start: int | None, end: int | None) -> bool:

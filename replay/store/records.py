@@ -96,20 +96,26 @@ class LogEntry(_Record):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunIntent(_Record):
     """Written before a run's first batch: the archive files it reads and its cut (the number of
-    buffers of each batch), so that a run interrupted anywhere is redone with the same batches."""
+    buffers of each batch), so that a run interrupted anywhere is redone with the same batches;
+    and each file's stamp ([size, modification time]) taken before the run scanned it, which the
+    run's last commit records as consumed if the file still has it (``None``: an intent written
+    before stamps were recorded)."""
 
     run: int
     first_batch: int
     files: tuple[str, ...]
     cuts: tuple[int, ...]
+    stamps: Mapping[str, tuple[int, int]] | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunIntent:
+        stamps = data.get("stamps")
         return cls(
             run=int(data["run"]),
             first_batch=int(data["first_batch"]),
             files=tuple(data["files"]),
             cuts=tuple(int(c) for c in data["cuts"]),
+            stamps=None if stamps is None else {str(f): (int(s[0]), int(s[1])) for f, s in stamps.items()},
         )
 
 

@@ -103,6 +103,9 @@ INTEGRITY_SCHEMA = pa.schema(
 )
 
 
+_AFTER_SKIP = "its sequence was closed by gap_policy: skip in an earlier run; not replayed"
+
+
 def integrity_table(snapshot: ProgressSnapshot, discarded: Sequence[_state.Discarded], root: str) -> pa.Table:
     def rel(path: str) -> str:
         local, base = local_path(path), local_path(root)
@@ -146,7 +149,8 @@ def integrity_table(snapshot: ProgressSnapshot, discarded: Sequence[_state.Disca
                 "chunk_number": d.chunk,
                 "tuples": d.tuples,
                 "file": rel(d.file),
-                "other_file": rel(d.kept_file),
+                "other_file": rel(d.kept_file) if d.kept_file else None,
+                "detail": _AFTER_SKIP if d.kind == IntegrityKind.AFTER_SKIP else None,
             }
         )
     return pa.Table.from_pylist(rows, schema=INTEGRITY_SCHEMA)

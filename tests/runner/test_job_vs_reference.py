@@ -15,6 +15,7 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -111,8 +112,9 @@ def job_view(config: JobConfig, spark: Any) -> dict[str, Any]:
     }
 
 
-def reference_view(config: JobConfig) -> dict[str, Any]:
-    ref = run_reference(config.archive, config)
+def reference_view(config: JobConfig, earlier: Sequence[Collection[Path]] = ()) -> dict[str, Any]:
+    """The reference model's tables of ``config``'s archive; ``earlier``: the files earlier runs read."""
+    ref = run_reference(config.archive, config, earlier=earlier)
     names = {agg.output_name for spec in config.windows for agg in spec.aggregations}
     return {
         "windows": sorted(

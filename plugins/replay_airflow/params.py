@@ -251,8 +251,8 @@ def resolve_job(
     """
     from replay.core.config import parse_config
     from replay.core.errors import ConfigError, Location
+    from replay.core.paths import default_checkpoint
     from replay.core.timeutil import format_ts, from_datetime
-    from replay.runner.loop import default_checkpoint
 
     known = set(param_schemas())
     unknown = sorted(set(params) - known)

@@ -78,7 +78,7 @@ def run_command(
         job = job.with_overrides(archive=archive, output=output, checkpoint=checkpoint, micro_batch=micro, spark=spark)
         if (range_start, range_end) != (None, None) and checkpoint is None and job.checkpoint:
             # The job file's checkpoint is its replay of the whole archive's; a backfill keeps its own.
-            from replay.runner.loop import range_checkpoint
+            from replay.core.paths import range_checkpoint
 
             job = job.with_overrides(checkpoint=range_checkpoint(job.checkpoint, range_start, range_end))
         with Steps(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-__all__ = ["check_directory", "local_path"]
+__all__ = ["check_directory", "default_checkpoint", "local_path", "range_checkpoint"]
 
 
 def local_path(uri: str) -> str | None:
@@ -41,3 +41,26 @@ def check_directory(setting: str, uri: str) -> None:
                 todo=f"point '{setting}' (or --{setting}) at a directory; a missing one is created",
                 code="config.not_a_directory",
             )
+
+
+def default_checkpoint(output: str, start: int | None, end: int | None) -> str:
+    """Where a run keeps its checkpoint when the job names none: under the output."""
+    if start is None and end is None:
+        return str(Path(output) / "_checkpoints" / "full")
+    return str(Path(output) / "_checkpoints" / _range_name(start, end))
+
+
+def range_checkpoint(checkpoint: str, start: int | None, end: int | None) -> str:
+    """The checkpoint of a backfill of ``[start, end)`` whose job names ``checkpoint`` for its
+    replay of the whole archive: beside it, named after the range (``ckpt.range_<start>_<end>``),
+    so that a backfill never meets the scheduled replay's checkpoint, and the same range meets
+    its own again (and changes nothing)."""
+    return f"{checkpoint.rstrip('/')}.{_range_name(start, end)}"
+
+
+def _range_name(start: int | None, end: int | None) -> str:
+    from replay.core.timeutil import format_ts
+
+    lo = "inf" if start is None else format_ts(start)
+    hi = "inf" if end is None else format_ts(end)
+    return f"range_{lo}_{hi}".replace(":", "")

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from replay.core.config import JobConfig, lenient_change
 from replay.core.errors import ConfigError, EmptyArchiveError, Location, ReplayError, storage_errors
-from replay.core.paths import check_directory, local_path
+from replay.core.paths import check_directory, default_checkpoint, local_path
 from replay.core.timeutil import format_ts
 from replay.engine.archive import (
     discover_files,
@@ -66,33 +66,12 @@ from replay.store.tables import write_run_version
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["RunSummary", "default_checkpoint", "range_checkpoint", "run"]
+__all__ = ["RunSummary", "run"]
 
 Event = Callable[[str, int, int], None]
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def default_checkpoint(output: str, start: int | None, end: int | None) -> str:
-    """Where a run keeps its checkpoint when the job names none: under the output."""
-    if start is None and end is None:
-        return str(Path(output) / "_checkpoints" / "full")
-    return str(Path(output) / "_checkpoints" / _range_name(start, end))
-
-
-def range_checkpoint(checkpoint: str, start: int | None, end: int | None) -> str:
-    """The checkpoint of a backfill of ``[start, end)`` whose job names ``checkpoint`` for its
-    replay of the whole archive: beside it, named after the range (``ckpt.range_<start>_<end>``),
-    so that a backfill never meets the scheduled replay's checkpoint, and the same range meets
-    its own again (and changes nothing)."""
-    return f"{checkpoint.rstrip('/')}.{_range_name(start, end)}"
-
-
-def _range_name(start: int | None, end: int | None) -> str:
-    lo = "inf" if start is None else format_ts(start)
-    hi = "inf" if end is None else format_ts(end)
-    return f"range_{lo}_{hi}".replace(":", "")
 
 
 # --------------------------------------------------------------------------- the run

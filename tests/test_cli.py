@@ -379,8 +379,8 @@ def test_a_backfill_keeps_a_checkpoint_of_its_own_beside_the_job_s(tmp_path: Pat
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
-    from replay.core.timeutil import format_ts
     from replay.core.paths import range_checkpoint
+    from replay.core.timeutil import format_ts
 
     archive = tmp_path / "archive"
     assert runner.invoke(app, ["generate", str(archive), *GENERATE]).exit_code == 0

@@ -10,14 +10,10 @@ long; ``|a_k| < 2^32`` for ``k >= 1``, so those sums cannot overflow below 2^31 
 is NaN, infinite or beyond ``2^63`` in magnitude stops the job (``unsummable``): the query raises an
 error carrying ``marker(column)``, which ``failure`` turns into ``archive.unsummable``.
 
-**Per window** (``total``): the double nearest to the exact sum of the limbs (ties to even),
-computed from the four limb sums only, so it does not depend on the order of the values: the sums
-are normalised in integer arithmetic to a signed integer part ``W`` and three digits in ``[0,
-2^32)``; the whole number times 2^96 (or, where ``|W| >= 2^30``, times 2^64 or 2^32, the digits
-below standing as a sticky bit: round to odd, keeping at least 94 significant bits) is one exact
-decimal(38,0), whose conversion to a double is the one rounding (to nearest; round to odd at 55 or
-more bits, then to nearest at 53, is exact rounding); the rest is a scaling by a power of two. A
-single value of magnitude 2^-44 or more comes back exactly (its truncation is itself).
+**Per window** (``total``): ``a0 + (a1 + (a2 + a3 2^-32) 2^-32) 2^-32`` over the limbs' sums, in
+double arithmetic and in that order: a function of the four sums only, so it does not depend on
+the order of the values. A single value of magnitude 2^-44 or more comes back exactly; a sum of
+several is within a few units in the last place of the exact sum of the truncated values.
 """
 
 from __future__ import annotations
@@ -38,9 +34,7 @@ LIMBS = 4
 #: Values summed must be finite and below this in magnitude (their integer part is a long).
 LIMIT = 2.0**63
 _BITS = 32
-_MASK = (1 << _BITS) - 1
 _SCALE = float(1 << _BITS)
-_DECIMAL = "decimal(38,0)"
 
 
 def marker(column: str) -> str:
@@ -86,61 +80,19 @@ def limbs(value: Column, column: str) -> list[Column]:
     return out
 
 
-def _normalised(sums: list[Column]) -> tuple[Column, list[Column]]:
-    """``sums`` (limbs' sums, most significant first) as a signed integer part and three digits in
-    ``[0, 2^32)``, the same number: carries moved up with floor shifts."""
-    from pyspark.sql import functions as F
-
-    carry: Column | None = None
-    digits: list[Column] = []
-    for s in reversed(sums[1:]):
-        t = s if carry is None else s + carry
-        digits.insert(0, t.bitwiseAND(F.lit(_MASK)))
-        carry = F.shiftright(t, _BITS)
-    assert carry is not None
-    return sums[0] + carry, digits
-
-
-def _integer(digits: list[Column]) -> Column:
-    """``digits`` (a signed long, then longs in ``[0, 2^32)``) as one exact decimal(38,0) integer."""
-    from pyspark.sql import functions as F
-
-    out = digits[0].cast(_DECIMAL)
-    for digit in digits[1:]:
-        out = (out * F.lit(1 << _BITS).cast(_DECIMAL) + digit.cast(_DECIMAL)).cast(_DECIMAL)
-    return out
-
-
 def total(sums: list[Column]) -> Column:
-    """The double nearest to ``sums[0] + sums[1] 2^-32 + sums[2] 2^-64 + sums[3] 2^-96`` (exact
-    integers, the limbs' sums), ties to even; 0.0 (never -0.0) for zero.
+    """The window's sum, a double, from the limbs' sums (exact longs) only, so it does not depend
+    on the order of the values: ``a0 + (a1 + (a2 + a3 2^-32) 2^-32) 2^-32`` in double arithmetic,
+    in that order. A single value comes back exactly (each partial sum is a tail of its
+    significand's bits); a sum of several is within a few units in the last place of the exact sum
+    of the truncated values. The reference model computes the same expression
+    (``replay.reference.windows``).
 
-    The sum times 2^96 is an integer of up to 159 bits; a decimal(38,0) holds 126. Where it does
-    not fit, the lowest digits are dropped and stand as a sticky bit (round to odd), keeping at
-    least 94 significant bits: the conversion of the decimal to a double is then the one rounding
-    (to nearest), and the scaling by a power of two after it is exact."""
+    Not the correctly rounded sum: that needs Spark's decimal arithmetic here, whose generated code
+    made a warm replay of the 10M-tuple benchmark archive 60 % slower even for windows that never
+    took it (docs/performance.md)."""
     from pyspark.sql import functions as F
 
-    whole, (d1, d2, d3) = _normalised(sums)
-
-    def odd(digit: Column, *below: Column) -> Column:
-        nonzero = below[0] != 0
-        for b in below[1:]:
-            nonzero = nonzero | (b != 0)
-        return F.when(nonzero, digit.bitwiseOR(F.lit(1))).otherwise(digit)
-
-    def within(bits: int) -> Column:
-        return (whole >= F.lit(-(1 << bits))) & (whole < F.lit(1 << bits))
-
-    exact = _integer([whole, d1, d2, d3]).cast("double") * F.lit(2.0**-96)
-    odd64 = _integer([whole, d1, odd(d2, d3)]).cast("double") * F.lit(2.0**-64)
-    odd32 = _integer([whole, odd(d1, d2, d3)]).cast("double") * F.lit(2.0**-32)
-    # Without decimals where the sum is a double already: no limb below 2^-32 and an integer part
-    # below 2^20, so ``a0 2^32 + a1`` is a long below 2^53 in magnitude, exact as a double, and the
-    # scaling exact too (sums of values whose fractions end by 2^-32, as sixty-fourths do). Spark's
-    # decimal arithmetic costs microseconds a window: on 1.1M windows, seconds.
-    a0, a1, a2, a3 = sums
-    fits = (a2 == 0) & (a3 == 0) & (a0 > F.lit(-(1 << 20))) & (a0 < F.lit(1 << 20))
-    fits = fits & (a1 > F.lit(-(1 << 52))) & (a1 < F.lit(1 << 52))
-    fast = (a0 * F.lit(1 << 32) + a1).cast("double") * F.lit(2.0**-32)
-    return F.when(fits, fast).when(within(30), exact).when(within(62), odd64).otherwise(odd32)
+    a0, a1, a2, a3 = (s.cast("double") for s in sums)
+    step = F.lit(1.0 / _SCALE)
+    return a0 + (a1 + (a2 + a3 * step) * step) * step

@@ -64,13 +64,27 @@ def _truncated(value: float, column: str | None) -> Fraction:
     return math.trunc(Fraction(value) / _RESOLUTION) * _RESOLUTION
 
 
+def _limbs(value: Fraction) -> list[int]:
+    """A truncated value's four limbs, each with its sign: its integer part and three 32-bit digits
+    of its fraction."""
+    out = [math.trunc(value)]
+    rest = value - out[0]
+    for _ in range(3):
+        rest *= 2**32
+        out.append(math.trunc(rest))
+        rest -= out[-1]
+    return out
+
+
 def _sum(values: list[object], column: str | None) -> object:
     if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         return sum(values)  # type: ignore[arg-type]
     if all(isinstance(v, float) for v in values):
-        # The nearest double (ties to even: Fraction's float() is correctly rounded) to the exact
-        # sum of the truncated values, so the order of the tuples cannot matter.
-        return float(sum((_truncated(v, column) for v in values), Fraction(0)))  # type: ignore[arg-type]
+        # Each value's limbs summed exactly (integers, so the order of the tuples cannot matter),
+        # then ``a0 + (a1 + (a2 + a3 2^-32) 2^-32) 2^-32`` in floating point, in that order.
+        sums = [sum(limbs) for limbs in zip(*(_limbs(_truncated(v, column)) for v in values), strict=True)]  # type: ignore[arg-type]
+        step = 2.0**-32
+        return float(sums[0]) + (float(sums[1]) + (float(sums[2]) + float(sums[3]) * step) * step) * step
     # Correctly rounded, so the reference does not depend on the order of the tuples.
     return math.fsum(values)  # type: ignore[arg-type]
 

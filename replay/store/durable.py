@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from replay.core.errors import CheckpointCorruptError, CheckpointStateError, Location
+from replay.core.errors import CheckpointCorruptError, CheckpointStateError, DataError, Location
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -30,6 +30,7 @@ __all__ = [
     "FORMAT_VERSION",
     "RECORD_FORMAT_VERSION",
     "corrupt",
+    "damaged_output",
     "fsync_dir",
     "read_json",
     "read_record",
@@ -126,6 +127,17 @@ def corrupt(path: Path, what: str) -> CheckpointCorruptError:
         where=Location(file=str(path)),
         todo="restore the checkpoint directory from a backup, or start over with a new --checkpoint "
         "and --output (the archive is untouched, so a new replay rebuilds everything)",
+    )
+
+
+def damaged_output(message: str, path: Path) -> DataError:
+    """``output.corrupt``: a file an output's version or directory lists is gone or unreadable."""
+    return DataError(
+        message,
+        where=Location(file=str(path)),
+        todo="restore the output directory from a backup, or replay into a new --output (and --checkpoint); "
+        "the archive is untouched",
+        code="output.corrupt",
     )
 
 

@@ -15,8 +15,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from replay.core.errors import DataError, Location
-from replay.store.durable import FORMAT_VERSION, corrupt, write_json_atomic
+from replay.store.durable import FORMAT_VERSION, corrupt, damaged_output, write_json_atomic
 
 __all__ = ["LISTING", "listed", "write_listing"]
 
@@ -49,10 +48,4 @@ def listed(directory: Path, *, checkpoint: bool = False) -> list[Path] | None:
     what = f"does not list the directory's files ({document})" if isinstance(document, str) else "does not list files"
     if checkpoint:
         raise corrupt(path, what)
-    raise DataError(
-        f"{path.name} of {directory} {what}",
-        where=Location(file=str(path)),
-        todo="restore the output directory from a backup, or replay into a new --output (and --checkpoint); "
-        "the archive is untouched",
-        code="output.corrupt",
-    )
+    raise damaged_output(f"{path.name} of {directory} {what}", path)

@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 from replay.core.errors import ConfigError, DataError, Location
 from replay.store.durable import (
     FORMAT_VERSION,
+    damaged_output,
     fsync_dir,
     payload_digest,
     signed,
@@ -320,25 +321,14 @@ def _parquet_files(output: Path, entries: Sequence[str], version: int | None = N
             absent = [p for p in listing if not p.exists()]
             if absent:
                 named = "a version" if version is None else f"version {version}"
-                raise DataError(
-                    f"{absent[0].relative_to(output)} of output {output} is missing, though {named} lists it",
-                    where=Location(file=str(absent[0])),
-                    todo="restore the output directory from a backup, or replay into a new --output (and "
-                    "--checkpoint); the archive is untouched",
-                    code="output.corrupt",
-                )
+                message = f"{absent[0].relative_to(output)} of output {output} is missing, though {named} lists it"
+                raise damaged_output(message, absent[0])
             files += [str(p) for p in listing]
         elif path.exists():
             files.append(str(path))
         else:
             named = "a version" if version is None else f"version {version}"
-            raise DataError(
-                f"{entry} of output {output} is missing, though {named} lists it",
-                where=Location(file=str(path)),
-                todo="restore the output directory from a backup, or replay into a new --output (and "
-                "--checkpoint); the archive is untouched",
-                code="output.corrupt",
-            )
+            raise damaged_output(f"{entry} of output {output} is missing, though {named} lists it", path)
     return files
 
 

@@ -16,7 +16,8 @@ without the engine's code (no progress engine, no partials, no merging):
 4. each tuple goes to every window ``[start, start + size)`` holding it, windows whose end the
    final effective watermark has not reached (and, for a backfill, windows not inside the
    range) are dropped, and each aggregation is one ``groupBy`` with Spark's own functions
-   (``countDistinct`` for ``approx_count_distinct``, which the engine computes exactly).
+   (``countDistinct`` for ``approx_count_distinct``, which the engine computes exactly), over a
+   time column's values at microseconds (a nanosecond one truncated by its own arithmetic here).
 
 The frame has one row per compared item (``check``: ``window``, ``ledger`` or ``totals``),
 with ``item`` naming it and a column per comparison that is null when it agrees and says
@@ -67,7 +68,8 @@ def _kept_rows(inputs: SuiteInputs) -> tuple[DataFrame, dict[str, int]]:
         F.col(f"`{layout.sequence_number}`").cast("long").alias("_s"),
         F.col(f"`{layout.chunk_number}`").cast("long").alias("_c"),
     )
-    ingest = F.col(f"`{layout.ingest_ts}`") if layout.ingest_ts else F.lit(0)
+    # At microseconds, as Replay compares times: two copies a nanosecond apart arrived together.
+    ingest = _archive_micros(layout.ingest_ts, layout.time_columns[layout.ingest_ts]) if layout.ingest_ts else F.lit(0)
     narrow = rows.select("_file", "_row", *_IDENTITY, ingest.alias("_ingest"), _tuple_flag(layout).alias("_tuple"))
     within = ["_file", *_IDENTITY]
     stats = [
@@ -157,6 +159,17 @@ def _archive_micros(column: str, kind: str) -> Column:
     return F.unix_micros(col.cast("timestamp"))  # Spark's own reading of a ms or us Parquet timestamp
 
 
+def _archive_value(column: str, kind: str | None) -> Column:
+    """An archive column as the ``windows`` table aggregates it: a time column of any Parquet unit
+    as a timestamp at microseconds (``_archive_micros``), the others (and int64 epoch milliseconds)
+    as they are."""
+    from pyspark.sql import functions as F
+
+    if kind is None or kind == "epoch_ms":
+        return F.col(f"`{column}`")
+    return F.timestamp_micros(_archive_micros(column, kind))
+
+
 def _output_micros(column: str, kind: str) -> Column:
     """A time column of the ``late`` table as int64 microseconds: a timestamp for every Parquet
     unit (nanoseconds were truncated to microseconds), int64 epoch milliseconds under ``time_unit: ms``."""
@@ -199,12 +212,15 @@ def _window_rows(rows: DataFrame, spec: WindowSpec, inputs: SuiteInputs) -> Data
     return out
 
 
-def _aggregate(column: str | None, fn: str) -> Column:
+def _aggregate(column: str | None, fn: str, kind: str | None) -> Column:
+    """Aggregation ``fn`` over ``column`` (of time kind ``kind``, ``None`` for a column that is no
+    time) with Spark's own functions."""
     from pyspark.sql import functions as F
 
     if fn == "count":
         return F.count(F.lit(1)) if column is None else F.count(F.col(f"`{column}`"))
-    value = F.col(f"`{column}`")
+    assert column is not None  # every function but count names a column
+    value = _archive_value(column, kind)
     return {
         "sum": F.sum,
         "min": F.min,
@@ -246,7 +262,10 @@ def recompute(inputs: SuiteInputs) -> tuple[DataFrame, dict[str, int]]:
             "left_anti",
         )
         windowed = _window_rows(rows, spec, inputs)
-        aggs = [_aggregate(a.column, a.fn).alias(a.output_name) for a in spec.aggregations]
+        aggs = [
+            _aggregate(a.column, a.fn, layout.time_columns.get(a.column) if a.column else None).alias(a.output_name)
+            for a in spec.aggregations
+        ]
         # What a float sum or mean is compared relative to: Spark's sum rounds at every addition, so
         # it can be off by the tolerance times the sum of the magnitudes, however small the sum.
         aggs += [

@@ -58,10 +58,15 @@ class ResolvedKey:
 class ArchiveLayout:
     """What the archive holds, checked against the job: files, roles and types.
 
-    ``time_columns`` maps each physical time column to its Parquet unit
-    (``"ms"``, ``"us"``, ``"ns"``, or ``"epoch_ms"`` for int64 under ``time_unit: ms``).
-    ``payload`` lists every column that is not buffer metadata, in archive order:
-    the tuple's columns, which the content hash and the ``late`` table cover.
+    ``time_columns`` maps each physical time column to its Parquet unit (``"ms"``, ``"us"``,
+    ``"ns"``, or ``"epoch_ms"`` for int64 under ``time_unit: ms``): every Parquet timestamp
+    column of the archive whatever its role (payload included: a timestamp is read, hashed,
+    aggregated and written at microseconds like the key time columns), and the int64 time
+    columns of the keys, ``ingest_ts`` and ``watermark_ts`` under ``time_unit: ms`` (an int64
+    payload column is a number, not a time). ``watermark_ts``: the archive's ``watermark_ts``
+    column (as mapped), buffer metadata whether or not a watermark key uses it, or ``None``
+    when the archive has none. ``payload`` lists every column that is not buffer metadata, in
+    archive order: the tuple's columns, which the content hash and the ``late`` table cover.
     """
 
     root: str
@@ -72,6 +77,7 @@ class ArchiveLayout:
     last_chunk: str
     ingest_ts: str | None
     idle: str | None
+    watermark_ts: str | None = None
     key: str
     key_type: str
     keys: tuple[ResolvedKey, ...]
@@ -87,8 +93,16 @@ class ArchiveLayout:
     def metadata_columns(self) -> tuple[str, ...]:
         cols = [self.origin_id, self.sequence_number, self.chunk_number, self.last_chunk]
         cols += [k.watermark for k in self.keys if k.watermark is not None]
-        cols += [c for c in (self.ingest_ts, self.idle) if c is not None]
+        cols += [c for c in (self.watermark_ts, self.ingest_ts, self.idle) if c is not None]
         return tuple(dict.fromkeys(cols))
+
+    @property
+    def metadata_watermark(self) -> str | None:
+        """``watermark_ts`` when no watermark key reads it: metadata all the same (one value per
+        buffer, checked and hashed as such), never a tuple's column."""
+        if self.watermark_ts is None or any(k.watermark == self.watermark_ts for k in self.keys):
+            return None
+        return self.watermark_ts
 
 
 def _is_data_file(name: str) -> bool:
@@ -356,6 +370,19 @@ def inspect_schema(
                     code="config.unknown_column",
                 )
 
+    # The archive's watermark_ts is buffer metadata even when no key reads it (a declared key on
+    # event-time watermarks): checked as a time column, and never a tuple's column.
+    watermark_ts = cols.resolve("watermark_ts") if cols.resolve("watermark_ts") in schema.names else None
+    if watermark_ts is not None and watermark_ts not in time_columns:
+        time_columns[watermark_ts] = _check_time(
+            file_of(watermark_ts), schema, watermark_ts, "watermark_ts", config.time_unit
+        )
+    # Every other Parquet timestamp (payload included) is a time too: read at microseconds, a
+    # nanosecond one truncated toward minus infinity, and written as a timestamp, never as raw integers.
+    for field in schema:
+        if field.name not in time_columns and pa.types.is_timestamp(field.type):
+            time_columns[field.name] = str(field.type.unit)
+
     idle = cols.resolve("idle") if cols.resolve("idle") in schema.names else None
     layout = ArchiveLayout(
         root=config.archive,
@@ -366,6 +393,7 @@ def inspect_schema(
         last_chunk=cols.resolve("last_chunk"),
         ingest_ts=ingest,
         idle=idle,
+        watermark_ts=watermark_ts,
         key=cols.resolve("key"),
         key_type=key_type,
         keys=tuple(keys),

@@ -12,10 +12,12 @@ master in the driver's threads. A reader decodes only the row groups around the 
 a batch at a time, keeps only the rows around each copy, checks that each range still holds its copy
 (the identity on every row of it, and not on the rows next to it), and gives one hash per copy.
 
-A copy's content is its row and tuple counts, its last-chunk and idle flags, its watermark per key,
-and the multiset of its rows' payload values. Each row is encoded as bytes (every value
-length-prefixed, a null as its own mark, so the encoding is unambiguous), the rows are sorted, and
-the hash covers them in that order: the order of a buffer's rows in its file does not matter.
+A copy's content is its row and tuple counts, its last-chunk and idle flags, its watermark per key
+(and the archive's ``watermark_ts`` when no key reads it), and the multiset of its rows' payload
+values. Each row is encoded as bytes (every value length-prefixed, a null as its own mark, so the
+encoding is unambiguous; a time column as its int64 microseconds, so that two copies that differ
+only below a microsecond, which Replay never sees, are the same), the rows are sorted, and the
+hash covers them in that order: the order of a buffer's rows in its file does not matter.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from replay.core.paths import local_path
 from replay.engine.archive import ArchiveLayout
 from replay.engine.file_cache import FileCache
 from replay.engine.readers import read_in_tasks
-from replay.engine.scan import as_int64, open_parquet, raw_micros
+from replay.engine.scan import as_int64, micros_array, open_parquet, raw_micros
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -43,7 +45,7 @@ __all__ = ["Copy", "cached_content_hashes", "content_hashes", "hash_digest"]
 #: One copy to hash: (file, origin, sequence, chunk, first row, row count).
 Copy = tuple[str, int, int, int, int, int]
 
-_HASH_VERSION = 2  # bump when what ``_copy_hash`` hashes changes
+_HASH_VERSION = 3  # bump when what ``_copy_hash`` hashes changes (3: times as microseconds, watermark_ts)
 _PREFIX = f"v{_HASH_VERSION}:"  # on every hash: a hash made by another version is never compared to it
 
 
@@ -57,7 +59,9 @@ class _Columns:
     idle: str | None
     watermarks: tuple[tuple[str, str] | None, ...]  # per key: its watermark column and time kind, or None
     events: tuple[tuple[str, str], ...]  # per key: its event time column and time kind
+    watermark_ts: tuple[str, str] | None  # the archive's watermark_ts and its kind, when no key reads it
     payload: tuple[str, ...]
+    times: tuple[str | None, ...]  # per payload column: its time kind, None for a column that is no time
 
     @classmethod
     def of(cls, layout: ArchiveLayout) -> _Columns:
@@ -71,13 +75,20 @@ class _Columns:
                 for k in layout.keys
             ),
             events=tuple((k.event_time, layout.time_columns[k.event_time]) for k in layout.keys),
+            watermark_ts=(
+                (layout.metadata_watermark, layout.time_columns[layout.metadata_watermark])
+                if layout.metadata_watermark is not None
+                else None
+            ),
             payload=layout.payload,
+            times=tuple(layout.time_columns.get(name) for name in layout.payload),
         )
 
     def names(self) -> list[str]:
         names = [*self.identity, self.key, self.last_chunk]
         names += [c for c in (self.idle,) if c is not None]
         names += [w[0] for w in self.watermarks if w is not None] + [e[0] for e in self.events]
+        names += [self.watermark_ts[0]] if self.watermark_ts is not None else []
         return list(dict.fromkeys([*names, *self.payload]))
 
 
@@ -102,8 +113,9 @@ def _encoded(column: pa.ChunkedArray) -> pa.Array:
     return pc.if_else(pc.is_null(text), pa.scalar(b"N", pa.large_binary()), value)
 
 
-def _rows_digest(part: pa.Table, payload: Sequence[str]) -> str:
-    """A digest of the multiset of ``part``'s rows over the ``payload`` columns."""
+def _rows_digest(part: pa.Table, payload: Sequence[str], times: Sequence[str | None]) -> str:
+    """A digest of the multiset of ``part``'s rows over the ``payload`` columns (of time kinds
+    ``times``: a time column's values as int64 microseconds)."""
     import numpy as np
     import pyarrow.compute as pc
 
@@ -112,7 +124,11 @@ def _rows_digest(part: pa.Table, payload: Sequence[str]) -> str:
         digest.update(str(part.num_rows).encode())
         return digest.hexdigest()
     rows = pc.binary_join_element_wise(
-        *[_encoded(part.column(name)) for name in payload], pa.scalar(b"|", pa.large_binary())
+        *[
+            _encoded(part.column(name) if kind is None else micros_array(part.column(name), kind))
+            for name, kind in zip(payload, times, strict=True)
+        ],
+        pa.scalar(b"|", pa.large_binary()),
     )
     ordered = rows.take(pc.sort_indices(rows))
     if isinstance(ordered, pa.ChunkedArray):
@@ -143,11 +159,14 @@ def _copy_hash(part: pa.Table, columns: _Columns) -> str:
     parts = [
         part.num_rows,
         tuples,
-        _rows_digest(part, columns.payload),
+        _rows_digest(part, columns.payload, columns.times),
         part.column(columns.last_chunk)[0].as_py(),
         part.column(columns.idle)[0].as_py() if columns.idle is not None else None,
         *watermarks,
     ]
+    if columns.watermark_ts is not None:
+        column, kind = columns.watermark_ts
+        parts.append(raw_micros(as_int64(part.column(column))[0].as_py(), kind))
     return _PREFIX + hashlib.blake2b(repr(parts).encode(), digest_size=16).hexdigest()
 
 
@@ -331,6 +350,7 @@ def hash_digest(layout: ArchiveLayout) -> str:
         layout.last_chunk,
         layout.idle,
         [(k.event_time, k.watermark) for k in layout.keys],
+        layout.metadata_watermark,
         sorted(layout.time_columns.items()),
         _HASH_VERSION,
         pa.__version__.split(".")[0],  # the text of a value (a float's, a time's) is pyarrow's

@@ -61,6 +61,8 @@ def _metadata(layout: ArchiveLayout) -> list[tuple[str, str, bool]]:
     for index, key in enumerate(layout.keys):
         if key.watermark is not None:
             metadata.append((f"wm{index}", key.watermark, False))
+    if layout.metadata_watermark is not None:  # the archive's watermark_ts, which no key reads
+        metadata.append(("wm_ts", layout.metadata_watermark, False))
     return metadata
 
 

@@ -29,7 +29,7 @@ from replay.engine.count_plan import plan_counts, suffix
 from replay.engine.passes import PassWork
 from replay.engine.routing import Shared, Value, batch_part, due_part, fields_of
 from replay.engine.rows import late_rows, late_values, pass_rows
-from replay.engine.schemas import table_structs
+from replay.engine.schemas import table_structs, value_struct
 from replay.engine.sink import Part
 from replay.engine.windows import (
     PUNCTUATION_START,
@@ -116,7 +116,7 @@ class _Builder:
         nkeys = len(layout.keys)
         self.key_index = {k.name: i for i, k in enumerate(layout.keys)}
         self.specs: list[WindowSpec] = list(config.windows)
-        agg_types = aggregated_types(self.specs, schema)
+        agg_types = aggregated_types(self.specs, value_struct(schema, layout))  # as ``pass_rows`` gives them
         self.columns = output_columns(self.specs, agg_types)
         self.windows_struct, self.late_struct = table_structs(config, schema, layout)
         range_start, range_end = work.range

@@ -1,4 +1,5 @@
-"""A pass's rows: the archive rows of the copies it reads, each with its copy's decision (``d_*``
+"""A pass's rows: the archive rows of the copies it reads (every time column a timestamp at
+microseconds, whatever its role), each with its copy's decision (``d_*``
 columns: the batch that decided it, its thresholds and reasons per key, its weight in the copy
 checksum), its event times in microseconds (``_ev<k>``) and per key whether it is late, on time
 or outside a backfill range (``_late<k>``, ``_on<k>``, ``_out<k>``; ``_tuple``: not a punctuation
@@ -328,6 +329,13 @@ def pass_rows(
             (inside & (ev >= F.col(f"d_thr{i}"))).alias(f"_on{i}"),
             (ev.isNotNull() & ~inside).alias(f"_out{i}"),
         ]
+    # Every time column (payload included) as the windows and the late table take it: a timestamp
+    # at microseconds (``replay.engine.schemas.value_struct``), a nanosecond one truncated toward
+    # minus infinity; the event times above were computed from the columns as read.
+    archive = [
+        time_value(joined, name, layout.time_columns[name]).alias(name) if name in layout.time_columns else q(name)
+        for name in joined.columns
+    ]
     return joined.select(
-        "*", *[ev.alias(f"_ev{i}") for i, ev in enumerate(events)], (~punctuation).alias("_tuple"), *flags
+        *archive, *[ev.alias(f"_ev{i}") for i, ev in enumerate(events)], (~punctuation).alias("_tuple"), *flags
     )

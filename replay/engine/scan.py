@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "as_int64",
     "event_lows",
+    "micros_array",
     "open_parquet",
     "raw_micros",
     "scan_file",
@@ -63,7 +64,23 @@ def raw_micros(value: int | None, kind: str | None) -> int | None:
     return value
 
 
-def as_int64(array: pa.ChunkedArray) -> pa.ChunkedArray:
+def micros_array(array: pa.ChunkedArray | pa.Array, kind: str) -> pa.ChunkedArray | pa.Array:
+    """A time column's values as int64 microseconds (``raw_micros`` on every value, exact integer
+    arithmetic: nanoseconds truncated toward minus infinity, never through a double)."""
+    import pyarrow.compute as pc
+
+    values = as_int64(array)
+    if kind in ("ms", "epoch_ms"):
+        return pc.multiply_checked(values, 1000)
+    if kind != "ns":
+        return values
+    # Arrow's integer division truncates toward zero: below the epoch a remainder means one less.
+    toward_zero = pc.divide(values, 1000)
+    below = pc.less(pc.subtract(values, pc.multiply(toward_zero, 1000)), 0)
+    return pc.subtract(toward_zero, pc.cast(below, pa.int64()))
+
+
+def as_int64(array: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
     """An identity, flag or time column's values as int64 (a time in its own unit: ``raw_micros``)."""
     import pyarrow.compute as pc
 

@@ -64,6 +64,8 @@ def scan_columns(layout: ArchiveLayout, *, event_times: bool) -> ScanColumns:
     for index, key in enumerate(layout.keys):
         if key.watermark is not None:
             meta.append((f"wm{index}", key.watermark, layout.time_columns[key.watermark]))
+    if layout.metadata_watermark is not None:  # no key reads it, but it is metadata all the same
+        meta.append(("wm_ts", layout.metadata_watermark, layout.time_columns[layout.metadata_watermark]))
     events = tuple(
         (key.event_time, layout.time_columns[key.event_time]) if event_times or key.watermark is None else None
         for key in layout.keys

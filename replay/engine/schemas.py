@@ -10,7 +10,7 @@ from replay.core.config import JobConfig
 from replay.engine.archive import ArchiveLayout
 from replay.store.outputs import encode_schema
 
-__all__ = ["output_field", "table_schemas", "table_structs"]
+__all__ = ["output_field", "table_schemas", "table_structs", "value_struct"]
 
 
 def output_field(field: Any, kind: str | None) -> Any:
@@ -23,13 +23,25 @@ def output_field(field: Any, kind: str | None) -> Any:
     return StructField(field.name, TimestampType(), field.nullable)
 
 
+def value_struct(schema: Any, layout: ArchiveLayout) -> Any:
+    """The archive's columns as a pass's rows carry them to the windows and the ``late`` table
+    (``replay.engine.rows.pass_rows``): ``schema`` (the files' Spark schema, nanoseconds as int64)
+    with every time column of ``layout`` a timestamp (``output_field``), whatever its role."""
+    from pyspark.sql.types import StructType
+
+    return StructType([output_field(f, layout.time_columns.get(f.name)) for f in schema.fields])
+
+
 def table_structs(config: JobConfig, schema: Any, layout: ArchiveLayout) -> tuple[Any, Any]:
-    """The Spark schemas of the ``windows`` and ``late`` tables for an archive of ``schema``."""
+    """The Spark schemas of the ``windows`` and ``late`` tables for an archive of ``schema``: an
+    archive column in them (a ``min`` or ``max`` over it, or a late tuple's) has its type in
+    ``value_struct``."""
     from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
     from replay.engine.windows import aggregated_types, output_columns
 
-    agg_types = aggregated_types(config.windows, schema)
+    values = value_struct(schema, layout)
+    agg_types = aggregated_types(config.windows, values)
     windows = StructType(
         [
             StructField("window", StringType(), False),
@@ -46,7 +58,7 @@ def table_structs(config: JobConfig, schema: Any, layout: ArchiveLayout) -> tupl
             StructField("origin_id", LongType(), True),
             StructField("sequence_number", LongType(), True),
             StructField("chunk_number", LongType(), True),
-            *[output_field(schema[n], layout.time_columns.get(n)) for n in layout.payload],
+            *[values[n] for n in layout.payload],
             StructField("violated_watermark", TimestampType(), True),
             StructField("reason", StringType(), False),
         ]

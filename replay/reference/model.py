@@ -167,6 +167,7 @@ def run_reference(
         regressions=frozenset((o, s, k) for o, state in run.states.items() for s, k in state.regressions),
         thresholds=run.thresholds,
         late=tuple(sorted(late, key=_late_order)),
+        late_columns=loaded.payload_columns,
         windows=windows,
         open_windows=open_windows,
         pending_tuples=pending_tuples,

@@ -77,6 +77,7 @@ class ReferenceResult:
     regressions: frozenset[tuple[int, int, str]]
     thresholds: dict[tuple[int, int, int, str], tuple[int, str] | None]
     late: tuple[LateRow, ...]
+    late_columns: tuple[str, ...]  # the names of a late row's ``row`` values: the tuple's columns
     windows: tuple[WindowRow, ...]
     open_windows: tuple[WindowRow, ...]
     pending_tuples: int

@@ -125,6 +125,11 @@ def test_mistyped_column(tmp_path: Path, column: str, bad_type: pa.DataType, val
     with pytest.raises(ArchiveSchemaError, match=hint) as err:
         inspect_schema(parse_config({"archive": str(tmp_path)}))
     assert err.value.column == column
+    if column == "watermark_ts":  # buffer metadata, checked whether or not a key reads it
+        event_time_key = {"watermarks": {"default": {"event_time": "event_time"}}}
+        with pytest.raises(ArchiveSchemaError, match=hint) as err:
+            inspect_schema(parse_config({"archive": str(tmp_path)} | event_time_key))
+        assert (err.value.column, err.value.code) == (column, "archive.wrong_type")
 
 
 def test_files_disagreeing_on_a_type(tmp_path: Path) -> None:
@@ -182,6 +187,13 @@ def test_an_aggregation_names_the_archives_own_column_not_a_role(tmp_path: Path)
         ([row(chunk=2, last=True), row(chunk=3, last=False)], {}, "archive.chunk_beyond_last", {"chunk": 3}),
         ([row(), row(wm=11)], {}, "archive.metadata_disagrees", {"column": "watermark_ts"}),
         ([row(), row(wm=None)], {}, "archive.metadata_disagrees", {"column": "watermark_ts"}),
+        # watermark_ts is buffer metadata even where the key reads event times instead.
+        (
+            [row(), row(wm=11)],
+            {"watermarks": {"default": {"event_time": "event_time"}}},
+            "archive.metadata_disagrees",
+            {"column": "watermark_ts"},
+        ),
         ([row(), row(last=False)], {}, "archive.metadata_disagrees", {"column": "last_chunk"}),
         ([row(), row(ingest=1)], {}, "archive.metadata_disagrees", {"column": "ingest_ts"}),
         ([row(ingest=None)], {}, "archive.null_metadata", {"column": "ingest_ts"}),

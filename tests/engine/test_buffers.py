@@ -116,6 +116,39 @@ def test_implicit_default_key_uses_watermark_ts_only_when_present(tmp_path: Path
     assert inspect_schema(parse_config({"archive": str(tmp_path)})).keys[0].watermark == "watermark_ts"
 
 
+def test_every_timestamp_is_a_time_column_and_watermark_ts_always_metadata(tmp_path: Path) -> None:
+    """A payload column of Parquet timestamps is a time column (read, hashed and written at
+    microseconds); an int64 one is a number. The archive's ``watermark_ts`` is buffer metadata
+    whether a key reads it or uses event-time watermarks (never a tuple's column)."""
+    ts, ns = pa.timestamp("us", tz="UTC"), pa.timestamp("ns", tz="UTC")
+    pq.write_table(
+        pa.table(
+            {
+                "origin_id": pa.array([1], pa.int64()),
+                "sequence_number": pa.array([1], pa.int64()),
+                "chunk_number": pa.array([1], pa.int32()),
+                "last_chunk": [True],
+                "watermark_ts": pa.array([1], ts),
+                "event_time": pa.array([1], ts),
+                "key": pa.array([1], pa.int64()),
+                "created": pa.array([1], ns),
+                "seen": pa.array([1], pa.timestamp("ms")),
+                "count": pa.array([1], pa.int64()),
+            }
+        ),
+        tmp_path / "a.parquet",
+    )
+    implicit = inspect_schema(parse_config({"archive": str(tmp_path)}))
+    event_time_key = {"watermarks": {"k": {"event_time": "event_time"}}}
+    declared = inspect_schema(parse_config({"archive": str(tmp_path)} | event_time_key))
+    assert implicit.keys[0].watermark == "watermark_ts" and declared.keys[0].watermark is None
+    for layout in (implicit, declared):
+        assert layout.time_columns == {"watermark_ts": "us", "event_time": "us", "created": "ns", "seen": "ms"}
+        assert layout.payload == ("event_time", "key", "created", "seen", "count")
+        assert "watermark_ts" in layout.metadata_columns
+    assert (implicit.metadata_watermark, declared.metadata_watermark) == (None, "watermark_ts")
+
+
 def _rows(origin: int, sequences: list[int], values: list[int]) -> pa.Table:
     """One single-chunk buffer per sequence, two tuples each, payload from ``values``."""
     n = len(sequences)

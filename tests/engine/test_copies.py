@@ -96,3 +96,53 @@ def test_hashes_of_different_versions_are_never_compared() -> None:
     assert same_content("v2:ab", "v2:cd") is False
     assert same_content("v2:ab", "0123abcd") is None  # a hash from before the version prefix
     assert same_content("v2:ab", "") is None
+
+
+def _time_copies(path: Path, copies: list[tuple[int, int]]) -> None:
+    """One buffer per copy ``(p, wm)`` of ``copies`` (sequences 1, 2, ...), two rows each: a payload
+    timestamp ``p`` in nanoseconds (``p`` on the first row, ``p + 1`` on the second), and the
+    archive's watermark column ``wm`` in nanoseconds, which a key on event-time watermarks does not read."""
+    ns = pa.timestamp("ns", tz="UTC")
+    n = 2 * len(copies)
+    pq.write_table(
+        pa.table(
+            {
+                "o": pa.array([1] * n, pa.int64()),
+                "s": pa.array([s for s in range(1, len(copies) + 1) for _ in range(2)], pa.int64()),
+                "c": pa.array([1] * n, pa.int64()),
+                "l": [True] * n,
+                "wm": pa.array([wm for _, wm in copies for _ in range(2)], pa.int64()).cast(ns),
+                "t": pa.array([SECOND] * n, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+                "k": pa.array(["a"] * n, pa.string()),
+                "p": pa.array([p + i for p, _ in copies for i in range(2)], pa.int64()).cast(ns),
+            }
+        ),
+        path,
+    )
+
+
+def test_times_are_hashed_at_microseconds_and_watermark_ts_as_metadata(tmp_path: Path) -> None:
+    """Replay keeps times at microseconds: two copies whose nanosecond payload times truncate to the
+    same microseconds (toward minus infinity) are the same content, as the reference model finds;
+    a microsecond apart, they differ. The archive's ``watermark_ts`` is metadata even when the
+    key reads event times instead: in the hash (at microseconds), not among the payload."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    path = archive / "a.parquet"
+    copies = [
+        (-1_000, 5_000),  # payload -1000 and -999 ns: -1 us both; the watermark 5000 ns is 5 us
+        (-2, 5_999),  # -2 and -1 ns: -1 us both (not 0: toward minus infinity); 5999 ns is 5 us
+        (-1_001, 5_000),  # -1001 and -1000 ns: -2 us and -1 us
+        (-1_000, 6_000),  # the watermark a microsecond later
+    ]
+    _time_copies(path, copies)
+    settings = {"archive": str(archive), "watermarks": {"default": {"event_time": "t"}}} | SHORT_COLUMNS
+    layout = inspect_schema(parse_config(settings))
+    assert layout.payload == ("t", "k", "p") and layout.metadata_watermark == "wm"
+    assert layout.time_columns == {"t": "us", "wm": "ns", "p": "ns"}
+    ranges = [(2 * i, 2, 1, i + 1, 1) for i in range(len(copies))]
+    hashes = hash_file_copies(str(path), ranges, _Columns.of(layout))
+    first, below_a_micro, other_micro, later_watermark = (hashes[2 * i] for i in range(len(copies)))
+    assert first == below_a_micro
+    assert first != other_micro
+    assert first != later_watermark

@@ -220,6 +220,140 @@ def test_nanoseconds_give_what_their_truncation_to_microseconds_gives(spark: Any
 _ISO: Final = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.(\d{3}|\d{6})Z")
 
 
+#: A payload instant of 2026 in nanoseconds (2026-01-01T00:00:13.430Z).
+_PAYLOAD_2026: Final = 1_767_225_613_430_000_000
+
+
+def _payload_rows(instant: Any) -> list[dict[str, Any]]:
+    """Origin 1 promises T0, then T0 + 1 s, then T0 + 9 s. Every tuple carries a payload timestamp
+    ``created`` in nanoseconds (``instant(micros)`` writes the event times and watermarks): a
+    nanosecond either side of microsecond boundaries, below the epoch and in 2026. Late are the
+    tuples at T0 - 1 ms and T0 - 2 ms (behind T0); key 1's window at T0 holds ``created`` at
+    -1000, -999, 0 and 999 ns, key 2's at 2026 and 2026 + 999 ns and a null."""
+
+    def tuple_(t: int, key: int, created: int | None) -> dict[str, Any]:
+        return {
+            "event_time": instant(t),
+            "key": key,
+            "value": float(t % 997),
+            "created": None if created is None else Nanos(created),
+        }
+
+    return [
+        *buffer_rows(1, 1, watermark=instant(T0), events=[tuple_(T0 - 5_000 * MS, 1, -1_001)]),
+        *buffer_rows(
+            1,
+            2,
+            watermark=instant(T0 + 1_000 * MS),
+            events=[
+                tuple_(T0 - MS, 1, -1),
+                tuple_(T0 - 2 * MS, 2, _PAYLOAD_2026 + 999),
+                tuple_(T0, 1, -1_000),
+                tuple_(T0 + MS, 1, -999),
+                tuple_(T0 + 2 * MS, 1, 0),
+                tuple_(T0 + 3 * MS, 1, 999),
+                tuple_(T0 + 4 * MS, 2, _PAYLOAD_2026),
+                tuple_(T0 + 5 * MS, 2, _PAYLOAD_2026 + 999),
+                tuple_(T0 + 6 * MS, 2, None),
+            ],
+        ),
+        *buffer_rows(1, 3, watermark=instant(T0 + 9_000 * MS), events=[]),
+    ]
+
+
+_PAYLOAD_WINDOWS: Final = [
+    {
+        "name": "w",
+        "size": "1s",
+        "aggregations": [
+            {"fn": "count"},
+            {"fn": "count", "column": "created"},
+            {"fn": "min", "column": "created"},
+            {"fn": "max", "column": "created"},
+            {"fn": "approx_count_distinct", "column": "created"},
+            {"fn": "max", "column": "event_time"},
+        ],
+    }
+]
+
+
+@pytest.mark.parametrize("only_payload", [False, True], ids=["every-time-in-ns", "only-payload-in-ns"])
+def test_nanosecond_payload_timestamps_are_microsecond_timestamps_in_every_table(
+    spark: Any, tmp_path: Path, only_payload: bool
+) -> None:
+    """A payload column of Parquet nanosecond timestamps is a time like the key columns (SPEC
+    section 1): the ``late`` table and a ``min``/``max`` over it carry it as a timestamp at
+    microseconds, truncated toward minus infinity, never as raw integers; ``replay run`` gives
+    what the reference model gives, and what the same archive truncated to microseconds gives."""
+    from tests.runner.test_job_vs_reference import _same_windows, output_view, reference_view
+
+    ns_type, us_type = pa.timestamp("ns", tz="UTC"), pa.timestamp("us", tz="UTC")
+    if only_payload:  # event times and watermarks in microseconds: only ``created`` needs nanoseconds
+        rows = _payload_rows(lambda micros: micros)
+        types = {"created": ns_type}
+    else:
+        rows = _payload_rows(lambda micros: Nanos(micros * 1_000))
+        types = {"event_time": ns_type, "watermark_ts": ns_type, "created": ns_type}
+    write_archive(tmp_path / "ns" / "archive", rows, types=types)
+    write_archive(tmp_path / "us" / "archive", _truncated(rows), types={"created": us_type})
+    configs = {}
+    for name in ("ns", "us"):
+        settings = {
+            "archive": str(tmp_path / name / "archive"),
+            "output": str(tmp_path / name / "out"),
+            "checkpoint": str(tmp_path / name / "ckpt"),
+            "windows": _PAYLOAD_WINDOWS,
+        }
+        job = tmp_path / name / "job.yaml"
+        job.write_text(json.dumps(settings))  # JSON is YAML
+        result = CliRunner().invoke(app, ["run", "--config", str(job)])
+        assert result.exit_code == 0, result.output
+        configs[name] = parse_config(settings)
+    ns = configs["ns"]
+    assert ns.output is not None
+
+    late, windows = read_table(ns.output, "late"), read_table(ns.output, "windows")
+    micros = pa.timestamp("us", tz="UTC")
+    assert late.schema.field("created").type == micros
+    assert late.schema.field("event_time").type == micros
+    for column in ("min_created", "max_created", "max_event_time"):
+        assert windows.schema.field(column).type == micros, column
+    # The same tables as the archive truncated to microseconds, byte for byte.
+    assert digest(ns.output) == digest(configs["us"].output)  # type: ignore[arg-type]
+
+    # The reference model, whole late rows and every aggregation.
+    actual, expected = output_view(ns), reference_view(ns)
+    assert actual["late_columns"] == expected["late_columns"] == ("event_time", "key", "value", "created")
+    assert actual["late"] == expected["late"]
+    _same_windows(actual["windows"], expected["windows"])
+
+    # By hand: floor(ns / 1000), so -1 ns and -1000 ns are -1 us, 999 ns is 0 us, -1001 ns is -2 us.
+    def shown(table: str) -> list[dict[str, Any]]:
+        result = CliRunner().invoke(app, ["show", str(ns.output), "--table", table])
+        assert result.exit_code == 0, result.output
+        return [json.loads(line) for line in result.output.splitlines()]
+
+    late_created = {row["key"]: row["created"] for row in shown("late")}
+    assert late_created == {1: "1969-12-31T23:59:59.999999Z", 2: "2026-01-01T00:00:13.430Z"}
+    by_window = {(row["key"], row["window_start"]): row for row in shown("windows")}
+    first = by_window[(1, "2026-01-01T00:00:08.000Z")]
+    assert (first["min_created"], first["max_created"]) == ("1969-12-31T23:59:59.999998Z",) * 2
+    key1 = by_window[(1, "2026-01-01T00:00:13.000Z")]
+    assert (key1["min_created"], key1["max_created"]) == ("1969-12-31T23:59:59.999999Z", "1970-01-01T00:00:00.000Z")
+    assert (key1["count_created"], key1["approx_count_distinct_created"]) == (4, 2)  # 4 values, 2 microseconds
+    key2 = by_window[(2, "2026-01-01T00:00:13.000Z")]
+    assert (key2["min_created"], key2["max_created"]) == ("2026-01-01T00:00:13.430Z",) * 2
+    assert (key2["count"], key2["count_created"], key2["approx_count_distinct_created"]) == (3, 2, 1)
+    for row in [*shown("late"), *shown("windows")]:
+        for column, value in row.items():
+            if "created" in column and "count" not in column:
+                assert isinstance(value, str) and _ISO.fullmatch(value), (column, row)
+
+    # The reconciliation suite recomputes the min, max and distinct count at microseconds by its own path.
+    outcome = validate(ns.output, suites=["reconciliation"], spark=spark)
+    assert _reconciliation(outcome)["success"], outcome.failures
+
+
 def _double_micros(df: Any, column: str, kind: str) -> Any:
     """The conversion Replay once had: nanoseconds through a double, 256 ns coarse in the 2020s."""
     from pyspark.sql import functions as F

@@ -80,9 +80,24 @@ def _close(a: Any, b: Any) -> bool:
 
 def job_view(config: JobConfig, spark: Any) -> dict[str, Any]:
     summary = run(config, spark=spark)
+    return output_view(config) | {"open": summary.open_windows}
+
+
+#: The ``late`` table's columns around a tuple's own (docs/outputs.md#tables).
+_LATE_HEAD = ("wm_key", "origin_id", "sequence_number", "chunk_number")
+_LATE_TAIL = ("violated_watermark", "reason")
+
+
+def output_view(config: JobConfig) -> dict[str, Any]:
+    """The run's ``windows`` and ``late`` tables as the reference model gives them (times as
+    microseconds): the late rows whole, every column of the tuple, and the names of those columns."""
     windows = read_table(config.output, "windows").to_pylist()  # type: ignore[arg-type]
-    late = read_table(config.output, "late").to_pylist()  # type: ignore[arg-type]
+    late_table = read_table(config.output, "late")  # type: ignore[arg-type]
+    late = late_table.to_pylist()
     names = {agg.output_name for spec in config.windows for agg in spec.aggregations}
+    columns = late_table.column_names
+    assert tuple(columns[:4]) == _LATE_HEAD and tuple(columns[-2:]) == _LATE_TAIL, columns
+    tuple_columns = columns[4:-2]
     return {
         "windows": sorted(
             (
@@ -91,24 +106,23 @@ def job_view(config: JobConfig, spark: Any) -> dict[str, Any]:
                 repr(r["key"]),
                 _plain(r["window_start"]),
                 _plain(r["window_end"]),
-                tuple(sorted((n, r[n]) for n in names)),
+                tuple(sorted((n, _plain(r[n])) for n in names)),
             )
             for r in windows
         ),
+        "late_columns": tuple(tuple_columns),
         "late": sorted(
             (
                 r["wm_key"],
                 r["origin_id"],
                 r["sequence_number"],
                 r["chunk_number"],
-                r["event_time"] and _plain(r["event_time"]),
-                repr(r["key"]),
+                tuple(repr(_plain(r[c])) for c in tuple_columns),
                 _plain(r["violated_watermark"]),
                 r["reason"],
             )
             for r in late
         ),
-        "open": summary.open_windows,
     }
 
 
@@ -128,16 +142,16 @@ def reference_view(config: JobConfig, earlier: Sequence[Collection[Path]] = ()) 
             )
             for w in ref.windows
         ),
+        "late_columns": ref.late_columns,
         "late": sorted(
             (
                 r.wm_key,
                 r.origin_id,
                 r.sequence_number,
                 r.chunk_number,
-                r.row[0],
-                repr(r.row[1]),
+                tuple(repr(v) for v in r.row),
                 r.violated_watermark,
-                r.reason,
+                str(r.reason),
             )
             for r in ref.late
         ),
@@ -200,6 +214,7 @@ def _compare(spark: Any, drawn: Drawn, jobs: dict[str, Any]) -> None:
         event(f"windows emitted: {min(len(expected['windows']), 3)}+, late: {min(len(expected['late']), 3)}+")
         actual = job_view(config, spark)
         _same_windows(actual["windows"], expected["windows"])
+        assert actual["late_columns"] == expected["late_columns"]
         assert actual["late"] == expected["late"]
         assert actual["open"] == expected["open"]
     finally:
@@ -229,6 +244,37 @@ def two_key_jobs(draw: st.DrawFn) -> dict[str, Any]:
 @given(archives(), two_key_jobs())
 def test_run_equals_reference_with_two_watermark_keys(spark: Any, drawn: Drawn, jobs: dict[str, Any]) -> None:
     _compare(spark, drawn, jobs)
+
+
+@pytest.mark.parametrize("max_buffers", [None, 7], ids=["one-batch", "batches"])
+def test_watermark_ts_stays_metadata_when_the_key_uses_event_time_watermarks(
+    spark: Any, tmp_path: Path, max_buffers: int | None
+) -> None:
+    """A declared key on event-time watermarks over an archive that has ``watermark_ts`` (SPEC
+    section 1): the column is still buffer metadata, so the ``late`` table (the tuple's columns,
+    not the buffer metadata) leaves it out, as the model does, and the run's late rows are the
+    model's, whole."""
+    archive = tmp_path / "archive"
+    generate_archive(archive, dataclasses.replace(FEATURED, late_fraction=0.1, seed=5))
+    assert "watermark_ts" in pq.read_schema(next(archive.glob("*.parquet"))).names
+    windows = [{"name": "w", "size": "500ms", "aggregations": [{"fn": "count"}, {"fn": "max", "column": "value"}]}]
+    config = parse_config(
+        {
+            "archive": str(archive),
+            "output": str(tmp_path / "out"),
+            "watermarks": {"default": {"event_time": "event_time"}},
+            "windows": windows,
+            "micro_batch": {"max_buffers": max_buffers},
+        }
+    )
+    expected = reference_view(config)
+    actual = job_view(config, spark)
+    assert expected["late"], "the archive has tuples behind their origin's event-time watermark"
+    assert "watermark_ts" not in actual["late_columns"]
+    assert actual["late_columns"] == expected["late_columns"] == ("event_time", "key", "value")
+    assert actual["late"] == expected["late"]
+    _same_windows(actual["windows"], expected["windows"])
+    assert actual["open"] == expected["open"]
 
 
 @pytest.mark.parametrize("late_fraction", [0.05, 0.0], ids=["late-tuples", "no-late-tuple"])

@@ -31,6 +31,7 @@ from operator import and_
 from typing import TYPE_CHECKING, Any
 
 from expectations._inputs import SuiteInputs
+from expectations._times import archive_micros, archive_value, output_micros
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -69,7 +70,7 @@ def _kept_rows(inputs: SuiteInputs) -> tuple[DataFrame, dict[str, int]]:
         F.col(f"`{layout.chunk_number}`").cast("long").alias("_c"),
     )
     # At microseconds, as Replay compares times: two copies a nanosecond apart arrived together.
-    ingest = _archive_micros(layout.ingest_ts, layout.time_columns[layout.ingest_ts]) if layout.ingest_ts else F.lit(0)
+    ingest = archive_micros(layout.ingest_ts, layout.time_columns[layout.ingest_ts]) if layout.ingest_ts else F.lit(0)
     narrow = rows.select("_file", "_row", *_IDENTITY, ingest.alias("_ingest"), _tuple_flag(layout).alias("_tuple"))
     within = ["_file", *_IDENTITY]
     stats = [
@@ -142,45 +143,6 @@ def _kept_rows(inputs: SuiteInputs) -> tuple[DataFrame, dict[str, int]]:
     return rows.join(kept, match).select(rows["*"]), left_out
 
 
-def _archive_micros(column: str, kind: str) -> Column:
-    """An archive time column as int64 microseconds, written apart from the engine's conversion
-    (``replay.engine.archive_rows.time_micros``) so that a bug there shows up as a difference here.
-
-    Nanoseconds (int64 under ``nanosAsLong``) go through exact decimal arithmetic: ``floor`` of
-    ``decimal(20,0) / 1000`` truncates toward minus infinity and never touches a double.
-    """
-    from pyspark.sql import functions as F
-
-    col = F.col(f"`{column}`")
-    if kind == "epoch_ms":
-        return col.cast("long") * F.lit(1000)
-    if kind == "ns":
-        return F.floor(col.cast("decimal(20,0)") / F.lit(1000).cast("decimal(4,0)")).cast("long")
-    return F.unix_micros(col.cast("timestamp"))  # Spark's own reading of a ms or us Parquet timestamp
-
-
-def _archive_value(column: str, kind: str | None) -> Column:
-    """An archive column as the ``windows`` table aggregates it: a time column of any Parquet unit
-    as a timestamp at microseconds (``_archive_micros``), the others (and int64 epoch milliseconds)
-    as they are."""
-    from pyspark.sql import functions as F
-
-    if kind is None or kind == "epoch_ms":
-        return F.col(f"`{column}`")
-    return F.timestamp_micros(_archive_micros(column, kind))
-
-
-def _output_micros(column: str, kind: str) -> Column:
-    """A time column of the ``late`` table as int64 microseconds: a timestamp for every Parquet
-    unit (nanoseconds were truncated to microseconds), int64 epoch milliseconds under ``time_unit: ms``."""
-    from pyspark.sql import functions as F
-
-    col = F.col(f"`{column}`")
-    if kind == "epoch_ms":
-        return col.cast("long") * F.lit(1000)
-    return F.unix_micros(col.cast("timestamp"))
-
-
 def _tuple_flag(layout: Any) -> Column:
     """A row is a tuple (not a punctuation row) unless its key and every event-time column are null."""
     from pyspark.sql import functions as F
@@ -220,7 +182,7 @@ def _aggregate(column: str | None, fn: str, kind: str | None) -> Column:
     if fn == "count":
         return F.count(F.lit(1)) if column is None else F.count(F.col(f"`{column}`"))
     assert column is not None  # every function but count names a column
-    value = _archive_value(column, kind)
+    value = archive_value(column, kind)
     return {
         "sum": F.sum,
         "min": F.min,
@@ -246,12 +208,12 @@ def recompute(inputs: SuiteInputs) -> tuple[DataFrame, dict[str, int]]:
     for spec in inputs.config.windows:
         key = late_kind[spec.wm_key]
         kind = layout.time_columns[key.event_time]
-        rows = kept.withColumn("_t", _archive_micros(key.event_time, kind)).where("_t IS NOT NULL")
+        rows = kept.withColumn("_t", archive_micros(key.event_time, kind)).where("_t IS NOT NULL")
         late_k = late.where(F.col("wm_key") == spec.wm_key).select(
             F.col("origin_id").alias("_o"),
             F.col("sequence_number").alias("_s"),
             F.col("chunk_number").alias("_c"),
-            _output_micros(key.event_time, kind).alias("_late_t"),
+            output_micros(key.event_time, kind).alias("_late_t"),
         )
         rows = rows.join(
             late_k,

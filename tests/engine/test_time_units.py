@@ -6,7 +6,9 @@ ns, and int64 epoch milliseconds under ``time_unit: ms``; the outputs must be
 identical and equal the hand-computed answer. A nanosecond table then puts values
 a nanosecond either side of microsecond boundaries, near 2026 and below the epoch,
 and must give what the same archive truncated to microseconds (toward minus
-infinity, in Python's exact ``//``) gives. See docs/archive.md#timestamps.
+infinity, in Python's exact ``//``) gives. A nanosecond payload column is a time
+too: in the ``late`` table and under ``min``/``max`` it is a microsecond
+timestamp, as the reference model has it. See docs/archive.md#timestamps.
 """
 
 from __future__ import annotations

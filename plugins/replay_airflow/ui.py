@@ -119,7 +119,7 @@ def _lag(status: dict[str, Any], archive: dict[str, Any] | None, archive_root: s
     """Per key: ``G_k``, the newest archived watermark and the lag between them, and where the newest came from."""
     from replay.core.errors import ReplayError
     from replay.core.timeutil import format_ts, parse_timestamp
-    from replay.engine.archive import discover_files
+    from replay.engine.archive_files import discover_files
 
     keys = [{"key": k["key"], "global": k["global"], "newest": None, "lag_seconds": None} for k in status["keys"]]
     path = str((archive or {}).get("path") or "")

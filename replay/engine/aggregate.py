@@ -46,7 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 from replay.core.config import JobConfig
 from replay.engine import float_sum, pass_counts, pass_query
-from replay.engine.archive import ArchiveLayout, read_failure
+from replay.engine.archive import ArchiveLayout
+from replay.engine.archive_files import read_failure
 from replay.engine.passes import PassWork, SpecCounts, WorkResult
 from replay.engine.sink import RESULT_SCHEMA, Written, keep_only, sink, storage_failure
 from replay.engine.spark import follow_cores

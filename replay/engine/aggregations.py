@@ -102,6 +102,11 @@ class _Count(AggregateFunction):
         return LongType()
 
 
+def _clamped(data_type: DataType) -> bool:
+    """Whether a mean of ``data_type`` is clamped into its values' [min, max] (``_Mean``)."""
+    return sum_kind(data_type) != "long"
+
+
 def _limb_names(i: int) -> list[str]:
     return [f"p{i}_l{k}" for k in range(float_sum.LIMBS)]
 
@@ -157,33 +162,35 @@ class _Sum(_Count):
 
 
 class _Mean(_Sum):
-    """The sum over the count; of a floating-point column, clamped into the values' [min, max]
-    (``p<i>_lo``, ``p<i>_hi``, partials of their own): the exact mean lies there, so the clamp only
-    takes back what the rounding of the sum and of the division put outside."""
+    """The sum over the count; of a floating-point or decimal column, clamped into the values'
+    [min, max] as doubles (``p<i>_lo``, ``p<i>_hi``, partials of their own): the exact mean lies
+    there, so the clamp only takes back what the rounding of the sum (a float's, or a decimal's to a
+    double) and of the division put outside. An integer mean needs none: below 2^53 its sum is a
+    double exactly, and a quotient is rounded once."""
 
     name = "mean"
 
     def columns(self, i: int, data_type: DataType) -> list[str]:
-        return [*super().columns(i, data_type), *([f"p{i}_lo", f"p{i}_hi"] if is_float(data_type) else [])]
+        return [*super().columns(i, data_type), *([f"p{i}_lo", f"p{i}_hi"] if _clamped(data_type) else [])]
 
     def partial(self, i: int, value: Column, data_type: DataType, column: str) -> list[Column]:
         from pyspark.sql import functions as F
 
-        extremes = [F.min(value).alias(f"p{i}_lo"), F.max(value).alias(f"p{i}_hi")] if is_float(data_type) else []
+        extremes = [F.min(value).alias(f"p{i}_lo"), F.max(value).alias(f"p{i}_hi")] if _clamped(data_type) else []
         return [*super().partial(i, value, data_type, column), *extremes]
 
     def merge(self, i: int, data_type: DataType) -> list[Column]:
         from pyspark.sql import functions as F
 
         extremes = [F.min(f"p{i}_lo").alias(f"p{i}_lo"), F.max(f"p{i}_hi").alias(f"p{i}_hi")]
-        return [*super().merge(i, data_type), *(extremes if is_float(data_type) else [])]
+        return [*super().merge(i, data_type), *(extremes if _clamped(data_type) else [])]
 
     def final(self, i: int, data_type: DataType) -> Column:
         from pyspark.sql import functions as F
 
         # A mean is a double by definition (SQL's avg); both operands are exact order-free totals.
         mean = self.total(i, data_type).cast("double") / F.col(f"p{i}_n").cast("double")
-        if is_float(data_type):
+        if _clamped(data_type):
             low, high = F.col(f"p{i}_lo").cast("double"), F.col(f"p{i}_hi").cast("double")
             mean = F.when(mean < low, low).when(mean > high, high).otherwise(mean)
         return F.when(F.col(f"p{i}_n") > 0, mean)

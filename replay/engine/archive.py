@@ -1,26 +1,21 @@
-"""The archive: file discovery, column mapping and schema validation (docs/archive.md#columns).
+"""The archive's layout: column mapping and schema validation (docs/archive.md#columns).
 
-Only Parquet footers are read here (pyarrow, one footer per file); the tuples
-are read by Spark (``replay.engine.archive_rows``). A file that cannot be opened, is
+Only Parquet footers are read here (pyarrow, one footer per file, ``replay.engine.archive_files``);
+the tuples are read by Spark (``replay.engine.archive_rows``). A file that cannot be opened, is
 truncated or is not Parquet fails here, named, before any Spark job starts.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import posixpath
-import re
-from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 import pyarrow as pa
 
-from replay.core.errors import ArchiveReadError, ArchiveSchemaError, ConfigError, EmptyArchiveError, Location
-from replay.core.paths import local_path
+from replay.core.errors import ArchiveSchemaError, ConfigError, Location
 from replay.core.vocabulary import Lateness
+from replay.engine.archive_files import discover_files, read_schema
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -30,14 +25,10 @@ if TYPE_CHECKING:
 __all__ = [
     "ArchiveLayout",
     "ResolvedKey",
-    "discover_files",
     "inspect_schema",
-    "read_failure",
     "resolve_lateness",
     "spark_schema",
 ]
-
-_PARQUET_SUFFIXES = (".parquet", ".parq")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,115 +96,6 @@ class ArchiveLayout:
         return self.watermark_ts
 
 
-def _is_data_file(name: str) -> bool:
-    base = posixpath.basename(name)
-    return not base.startswith(("_", ".")) and base.endswith(_PARQUET_SUFFIXES)
-
-
-def discover_files(archive: str) -> list[str]:
-    """Every Parquet file under ``archive`` (a directory, a file, or a URI), sorted by path.
-
-    Files whose names start with ``_`` or ``.`` (``_SUCCESS``, ``.crc``) are skipped.
-    Local paths come back as plain paths; other URIs keep their scheme.
-
-    Raises:
-        ArchiveReadError: the location does not exist or cannot be listed.
-        EmptyArchiveError: it holds no Parquet file.
-    """
-    local = local_path(archive)
-    if local is not None:
-        root = Path(local).absolute()  # Spark resolves relative paths against its own working directory
-        if not root.exists():
-            raise ArchiveReadError(
-                "the archive does not exist",
-                where=Location(file=archive),
-                todo="check the 'archive' setting or --archive; it must be a directory or file of Parquet files",
-                code="archive.not_found",
-            )
-        if root.is_file():
-            files = [str(root)]
-        else:
-            files = sorted(str(p) for p in root.rglob("*") if p.is_file() and _is_data_file(p.name))
-    else:
-        files = _discover_remote(archive)
-    if not files:
-        raise EmptyArchiveError(
-            "the archive holds no Parquet file",
-            where=Location(file=archive),
-            todo="point 'archive' at the directory the archiver writes to, or generate one with 'replay generate'",
-        )
-    return files
-
-
-def _discover_remote(archive: str) -> list[str]:
-    import fsspec
-
-    scheme = urlparse(archive).scheme
-    protocol = {"s3a": "s3", "s3n": "s3"}.get(scheme, scheme)
-    try:
-        fs, root = fsspec.core.url_to_fs(archive.replace(f"{scheme}://", f"{protocol}://", 1))
-        found = [p for p in fs.find(root) if _is_data_file(p)]
-    except (ImportError, ValueError) as exc:
-        raise ArchiveReadError(
-            f"cannot list {scheme}:// archives from the driver: {exc}",
-            where=Location(file=archive),
-            todo=f"install the fsspec implementation for '{protocol}' (e.g. s3fs, or pyarrow's HDFS support)",
-            code="archive.unsupported_scheme",
-        ) from exc
-    except OSError as exc:
-        raise ArchiveReadError(
-            f"cannot list the archive: {exc}",
-            where=Location(file=archive),
-            todo="check the URI and the credentials the driver uses",
-            code="archive.not_found",
-        ) from exc
-    return sorted(f"{scheme}://{p.lstrip('/')}" if not p.startswith(scheme) else p for p in found)
-
-
-def _read_schema(path: str) -> pa.Schema:
-    import pyarrow.parquet as pq
-
-    try:
-        local = local_path(path)
-        if local is not None:
-            return pq.read_schema(local)
-        import fsspec
-
-        with fsspec.open(path, "rb") as handle:
-            return pq.read_schema(handle)
-    except (OSError, pa.ArrowException) as exc:
-        raise ArchiveReadError(
-            f"cannot read the Parquet footer (unreadable, truncated or not Parquet): {exc}",
-            where=Location(file=path),
-            todo="restore the file from the archiver, or move it out of the archive directory; nothing was committed",
-        ) from exc
-
-
-# How Spark reports a file it could not read in a task (its footer read, its pages did not), and
-# the causes under it: ``[FAILED_READ_FILE.NO_HINT] Encountered error while reading file <uri>.``
-_READ_FAILED = re.compile(r"\[FAILED_READ_FILE[.\w]*\] Encountered error while reading file (\S+?)\.?\s")
-_CAUSE = re.compile(r"(?m)^Caused by: (?:[\w.$]+\.)?([^\n]+?)\s*$")
-
-
-def read_failure(error: BaseException, files: Mapping[str, str]) -> ArchiveReadError | None:
-    """The archive file a Spark task could not read (damaged pages behind an intact footer), as
-    ``archive.unreadable`` naming it, with the deepest cause Spark gives; ``None`` when ``error`` is
-    another failure. ``files`` maps the paths Spark reports back to the archive's."""
-    text = str(error)
-    found = _READ_FAILED.search(text)
-    if found is None:
-        return None
-    reported = found.group(1)
-    causes = _CAUSE.findall(text)
-    return ArchiveReadError(
-        "cannot read the file's rows: its footer reads but its data does not (damaged or truncated pages)"
-        + (f": {causes[-1]}" if causes else ""),
-        where=Location(file=files.get(reported, reported.removeprefix("file://"))),
-        todo="restore the file from the archiver, or move it out of the archive directory; nothing of the "
-        "batch in progress was committed, and the next run resumes from the checkpoint",
-    )
-
-
 def _time_kind(field: pa.Field, *, time_unit: str) -> str | None:
     if pa.types.is_timestamp(field.type):
         return str(field.type.unit)
@@ -232,6 +114,10 @@ def _type_error(
         or f"rewrite the file with {wanted} in '{column}', or map the role to another column under 'columns:'",
         code="archive.wrong_type",
     )
+
+
+def _is_number(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind))
 
 
 def _missing_error(path: str, column: str, role: str, names: Sequence[str]) -> ArchiveSchemaError:
@@ -281,7 +167,7 @@ def inspect_schema(
     earlier = "the files earlier runs of this checkpoint read"
     merged: dict[str, tuple[pa.Field, str]] = {field.name: (field, earlier) for field in known or ()}
     for index, path in enumerate(files):
-        schema = _read_schema(path)
+        schema = read_schema(path)
         for field in schema:
             seen = merged.setdefault(field.name, (field, path))
             if not field.type.equals(seen[0].type):
@@ -368,6 +254,17 @@ def inspect_schema(
                     where=Location(column=agg.column, field=f"windows[{window.name}].aggregations"),
                     todo=f"{hint}name one of the archive's columns {sorted(schema.names)}",
                     code="config.unknown_column",
+                )
+            found = schema.field(agg.column).type if agg.column is not None else None
+            if agg.fn in ("sum", "mean") and found is not None and not _is_number(found):
+                # SQL sums numbers only: a time, a string or a bool has no sum Replay could agree on.
+                raise _type_error(
+                    file_of(str(agg.column)),
+                    str(agg.column),
+                    f"{agg.fn} of window {window.name}",
+                    found,
+                    "a number (integer, floating point or decimal)",
+                    f"aggregate a numeric column with {agg.fn}, or use min, max or count on '{agg.column}'",
                 )
 
     # The archive's watermark_ts is buffer metadata even when no key reads it (a declared key on

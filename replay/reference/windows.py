@@ -7,6 +7,7 @@ half-open ``[start, end)``.
 
 from __future__ import annotations
 
+import decimal
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -79,6 +80,10 @@ def _limbs(value: Fraction) -> list[int]:
 def _sum(values: list[object], column: str | None) -> object:
     if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         return sum(values)  # type: ignore[arg-type]
+    decimals = [v for v in values if isinstance(v, decimal.Decimal)]
+    if len(decimals) == len(values):
+        with decimal.localcontext(prec=100):  # exact: a decimal(38, s) sum has at most 38 digits
+            return sum(decimals, decimal.Decimal(0))
     if all(isinstance(v, float) for v in values):
         # Each value's limbs summed exactly (integers, so the order of the tuples cannot matter),
         # then ``a0 + (a1 + (a2 + a3 2^-32) 2^-32) 2^-32`` in floating point, in that order.
@@ -90,11 +95,12 @@ def _sum(values: list[object], column: str | None) -> object:
 
 
 def _mean(values: list[object], column: str | None) -> float:
-    if not all(isinstance(v, float) for v in values):
+    if not all(isinstance(v, float | decimal.Decimal) for v in values):
         return math.fsum(values) / len(values)  # type: ignore[arg-type]
-    floats = [float(v) for v in values]  # type: ignore[arg-type]
-    mean = float(_sum(values, column)) / len(floats)  # type: ignore[arg-type]
+    # The exact sum (a float's limbs, a decimal's digits) as the nearest double, over the count.
+    mean = float(_sum(values, column)) / len(values)  # type: ignore[arg-type]
     # The exact mean lies between the smallest and the largest value: a rounding outside is taken back.
+    floats = [float(v) for v in values]  # type: ignore[arg-type]
     low, high = min(floats), max(floats)
     return low if mean < low else high if mean > high else mean
 

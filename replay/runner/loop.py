@@ -36,12 +36,8 @@ from replay.core.config import JobConfig, lenient_change
 from replay.core.errors import ConfigError, EmptyArchiveError, Location, ReplayError, storage_errors
 from replay.core.paths import check_directory, default_checkpoint, local_path
 from replay.core.timeutil import format_ts
-from replay.engine.archive import (
-    discover_files,
-    inspect_schema,
-    resolve_lateness,
-    spark_schema,
-)
+from replay.engine.archive import inspect_schema, resolve_lateness, spark_schema
+from replay.engine.archive_files import discover_files
 from replay.engine.buffers import scan_buffers
 from replay.engine.copies import Copy, cached_content_hashes
 from replay.engine.file_cache import FileCache

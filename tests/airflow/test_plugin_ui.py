@@ -195,7 +195,7 @@ def test_the_lag_of_g_k_behind_the_newest_archived_watermark(server: str, replay
     import pyarrow.parquet as pq
 
     from replay.core.timeutil import format_ts, parse_timestamp
-    from replay.engine.archive import discover_files
+    from replay.engine.archive_files import discover_files
 
     _, facts = replays
     rows = {

@@ -21,7 +21,8 @@ from replay.core.errors import (
     EmptyArchiveError,
     ReplayError,
 )
-from replay.engine.archive import discover_files, inspect_schema, resolve_lateness
+from replay.engine.archive import inspect_schema, resolve_lateness
+from replay.engine.archive_files import discover_files
 from replay.engine.buffers import scan_buffers
 
 pytestmark = pytest.mark.spark
@@ -174,6 +175,32 @@ def test_an_aggregation_names_the_archives_own_column_not_a_role(tmp_path: Path)
     assert "maps to 'ts'" in err.value.todo
     windows[0]["aggregations"] = [{"fn": "max", "column": "ts"}]
     assert inspect_schema(parse_config(settings | {"windows": windows})).keys[0].event_time == "ts"
+
+
+@pytest.mark.parametrize(
+    ("fn", "column", "kind"),
+    [
+        ("sum", "event_time", "timestamp"),
+        ("mean", "ingest_ts", "timestamp"),
+        ("sum", "tag", "string"),
+        ("mean", "flag", "bool"),
+    ],
+)
+def test_sum_and_mean_take_numbers_only(tmp_path: Path, fn: str, column: str, kind: str) -> None:
+    """``sum``/``mean`` over a time, a string or a bool has no sum SQL defines (the engine and the
+    reference would disagree on one): ``archive.wrong_type`` naming the column, before any Spark job;
+    ``min``, ``max`` and ``count`` over the same column are fine."""
+    schema = SCHEMA.append(pa.field("tag", pa.string())).append(pa.field("flag", pa.bool_()))
+    write(tmp_path / "a.parquet", [row() | {"tag": "x", "flag": True}], schema)
+    windows = [{"name": "w", "size": "1m", "aggregations": [{"fn": fn, "column": column}]}]
+    with pytest.raises(ArchiveSchemaError) as err:
+        inspect_schema(parse_config({"archive": str(tmp_path), "windows": windows}))
+    assert err.value.code == "archive.wrong_type" and err.value.where.column == column
+    assert kind in str(err.value) and f"{fn} of window w" in str(err.value) and "min, max or count" in err.value.todo
+    windows[0]["aggregations"] = [{"fn": other, "column": column} for other in ("min", "max", "count")]
+    inspect_schema(parse_config({"archive": str(tmp_path), "windows": windows}))
+    windows[0]["aggregations"] = [{"fn": fn, "column": "value"}]
+    inspect_schema(parse_config({"archive": str(tmp_path), "windows": windows}))
 
 
 @pytest.mark.parametrize(

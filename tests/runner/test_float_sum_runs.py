@@ -1,12 +1,14 @@
 """Runs over floating-point values that are not multiples of a power of two (the generator's are):
 the ``windows`` table holds exact sums and means inside [min, max], which the ``windows`` suite
 checks; any micro-batch size gives the same digests; NaN stops the run with a named error; open
-windows written with the earlier two-integer float sums are refused."""
+windows written with the earlier two-integer float sums are refused. Decimal columns: exact sums,
+means inside [min, max], the reference model's values exactly."""
 
 from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from replay.runner.loop import run
 from replay.store.outputs import read_table
 from tests._archives import buffer_rows, write_archive
 from tests.runner._jobs import RESULTS, SECOND, T0, results, small_job
+from tests.runner.test_job_vs_reference import output_view, reference_view
 
 pytestmark = pytest.mark.spark
 
@@ -36,7 +39,9 @@ def _job(root: Path, archive: Path, **extra: Any) -> Any:
     return small_job(root, archive, windows=windows, **extra)
 
 
-def _archive(archive: Path, windows: list[list[float]] = _WINDOWS, *, close: bool = True) -> None:
+def _archive(
+    archive: Path, windows: list[list[Any]] = _WINDOWS, *, close: bool = True, types: dict[str, Any] | None = None
+) -> None:
     """One buffer per window's tuple, window ``w`` being second ``w``; the last buffer's watermark
     closes every window when ``close``."""
     rows: list[dict[str, Any]] = []
@@ -47,7 +52,7 @@ def _archive(archive: Path, windows: list[list[float]] = _WINDOWS, *, close: boo
             rows += buffer_rows(1, seq, watermark=T0 + w * SECOND, events=[(T0 + w * SECOND + 1 + j, 1, value)])
     if close:
         rows += buffer_rows(1, seq + 1, watermark=T0 + (len(windows) + 1) * SECOND)
-    write_archive(archive, rows)
+    write_archive(archive, rows, types=types)
 
 
 def test_windows_hold_exact_sums_and_means_within_min_and_max(spark: Any, tmp_path: Path) -> None:
@@ -63,6 +68,27 @@ def test_windows_hold_exact_sums_and_means_within_min_and_max(spark: Any, tmp_pa
     assert [rows[i]["sum_value"] for i in range(3)] == [-0.3, -0.1, 1 / 3]
     assert [rows[i]["mean_value"] for i in range(3)] == [-0.3, -0.1, 1 / 3]
     assert rows[3]["sum_value"] > 1.9e-9 and rows[4]["mean_value"] == 0.1 and rows[7]["sum_value"] == 0.1
+    outcome = validate(config.output, suites=["windows", "reconciliation"], spark=spark)
+    assert [s["success"] for s in outcome.record["suites"]] == [True, True]
+
+
+# Three 0.1 (the double of their sum 0.3, over 3, is below 0.1), three 0.3, mixed signs, and
+# values with as many digits as decimal(18, 3) holds.
+_DECIMALS = [["0.1"] * 3, ["0.3"] * 3, ["0.7", "-0.1", "0.3"], ["-0.3"], ["123456789012345.123"] * 7]
+
+
+def test_decimal_windows_hold_exact_sums_and_means_within_min_and_max(spark: Any, tmp_path: Path) -> None:
+    archive = tmp_path / "archive"
+    windows = [[Decimal(v) for v in values] for values in _DECIMALS]
+    _archive(archive, windows, types={"value": pa.decimal128(18, 3)})
+    config = _job(tmp_path, archive, micro_batch={"max_buffers": 2})
+    run(config, spark=spark)
+    rows = sorted(read_table(config.output, "windows").to_pylist(), key=lambda r: r["window_start"])
+    assert [r["sum_value"] for r in rows] == [sum(values, Decimal(0)) for values in windows]
+    for row in rows:
+        assert float(row["min_value"]) <= row["mean_value"] <= float(row["max_value"]), row
+    assert rows[0]["mean_value"] == 0.1 and rows[1]["mean_value"] == 0.3
+    assert output_view(config)["windows"] == reference_view(config)["windows"]
     outcome = validate(config.output, suites=["windows", "reconciliation"], spark=spark)
     assert [s["success"] for s in outcome.record["suites"]] == [True, True]
 

@@ -254,6 +254,8 @@ class _Runner:
         resumed = intent is not None or bool(removed)
         if removed:
             self.notes.append(f"removed {len(removed)} staged file(s) of an uncommitted batch")
+        if temporaries := store.remove_temporaries():
+            self.notes.append(f"removed {len(temporaries)} temporary file(s) a stopped writer left")
 
         consumed = _state.read_consumed(store.root / commit.consumed) if commit and commit.consumed else {}
         if intent is not None:

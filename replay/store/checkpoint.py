@@ -14,7 +14,8 @@ A checkpoint is a local directory::
 The newest intact commit is the source of truth. A state file or output entry of a batch after
 it is a leftover of a batch that crashed before its commit (or whose commit was set aside), and
 ``remove_leftovers`` deletes it; a line of the batch log beyond the commit's pointer is dropped
-at the next append.
+at the next append; a temporary file (``*.tmp``) a writer stopped before its rename left is
+deleted by ``remove_temporaries`` when the next run starts.
 
 Every JSON document is written atomically and carries ``format_version``; the checkpoint's own
 records (identity, run intents, commits, engine snapshots) also carry the sha256 of their
@@ -345,6 +346,18 @@ class CheckpointStore:
                 batch = _batch_of(entry.name, prefix)
                 if batch is not None and batch > after and str(entry) not in keep:
                     _remove(entry)
+                    removed.append(str(entry))
+        return removed
+
+    def remove_temporaries(self) -> list[str]:
+        """Delete the temporary files (``*.tmp``) a writer stopped between writing and renaming left
+        in the checkpoint's own directories; only under the checkpoint's lock, which no other writer
+        of them holds. Returns the removed paths."""
+        removed = []
+        for directory in (self.root, *(self.root / name for name in ("commits", "runs", "state", "scan-cache"))):
+            for entry in sorted(directory.glob("*.tmp")) if directory.is_dir() else ():
+                if entry.is_file():
+                    entry.unlink(missing_ok=True)
                     removed.append(str(entry))
         return removed
 

@@ -32,6 +32,7 @@ from replay.runner.loop import run
 from replay.store import state as _state
 from replay.store.checkpoint import CheckpointStore
 from replay.store.digest import digest
+from replay.store.durable import temporary
 from tests._faults import flaky_command, flaky_env, flaky_run
 
 pytestmark = pytest.mark.spark
@@ -136,7 +137,16 @@ def test_sigkill_at_each_point_then_resume_equals_an_uninterrupted_run(
         # below rebuilds the open windows from the copies that commit carries.
         assert store.commit_record(batch - 1).carry
     assert (tmp_path / "ckpt" / "runs" / "00000001.json").exists() == (point != "before_intent")
+    # What a writer stopped between writing a file and its rename leaves: its temporary file.
+    ckpt = tmp_path / "ckpt"
+    left = [temporary(ckpt / "commits" / f"{batch:08d}.json"), temporary(ckpt / "runs" / "00000002.json")]
+    left += [temporary(ckpt / "state" / f"b{batch:08d}-x-buffers.parquet"), ckpt / "scan-cache" / "0a1b.tmp"]
+    for path in left:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"PAR1 partial")
     summary = run(config, spark=spark)
+    assert not any(path.exists() for path in left)
+    assert "removed 4 temporary file(s) a stopped writer left" in summary.notes
     assert summary.resumed == (point != "before_intent")  # before the intent nothing was written
     assert config.output is not None
     found = digest(config.output)

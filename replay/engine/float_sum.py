@@ -54,12 +54,29 @@ def unsummable(column: str) -> DataError:
     )
 
 
+#: Spark's errors (ANSI mode) for a sum beyond its type: a long's 2^63, a decimal's 38 digits.
+_OVERFLOW = ("[ARITHMETIC_OVERFLOW]", "[NUMERIC_VALUE_OUT_OF_RANGE")
+
+
 def failure(error: BaseException, columns: Iterable[str]) -> DataError | None:
-    """``archive.unsummable`` for the first of ``columns`` whose marker ``error`` carries, else ``None``."""
+    """``archive.unsummable`` for the first of ``columns`` whose marker ``error`` carries, or for a
+    sum that overflowed its exact type (naming the summed columns: Spark does not say which); else
+    ``None``."""
     text = str(error)
-    for column in columns:
+    summed = list(dict.fromkeys(columns))
+    for column in summed:
         if marker(column) in text:
             return unsummable(column)
+    if summed and any(tag in text for tag in _OVERFLOW):
+        names = ", ".join(f"'{c}'" for c in summed)
+        return DataError(
+            f"a window's sum over {names} does not fit its exact type: integers (and a float's integer "
+            "parts) are summed as 64-bit integers, below 2^63 in magnitude, decimals as decimal(38, s)",
+            where=Location(column=summed[0] if len(summed) == 1 else None),
+            todo="use smaller windows or scale the column down in the archive (or drop its sum and mean from "
+            "the job); nothing of the batch in progress was committed, and the next run resumes from the checkpoint",
+            code="archive.unsummable",
+        )
     return None
 
 

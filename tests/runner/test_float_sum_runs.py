@@ -138,3 +138,20 @@ def test_open_windows_of_the_earlier_float_sums_are_refused(spark: Any, tmp_path
         run(config, spark=spark)
     assert raised.value.code == "checkpoint.state"
     assert "'w'" in str(raised.value) and "p1_l0" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("values", "kind"),
+    [([2**62, 2**62], pa.int64()), ([2.0**62, 2.0**62], pa.float64()), ([Decimal("9" * 38)] * 2, pa.decimal128(38, 0))],
+)
+def test_a_sum_beyond_its_exact_type_stops_the_run_naming_its_column(
+    spark: Any, tmp_path: Path, values: list[Any], kind: Any
+) -> None:
+    """Each value fits, their sum does not: 64-bit integers (a float's integer parts) or 38 digits."""
+    archive = tmp_path / "archive"
+    _archive(archive, [values[:1], values], types={"value": kind})
+    config = _job(tmp_path, archive)
+    with pytest.raises(ReplayError) as raised:
+        run(config, spark=spark)
+    assert raised.value.code == "archive.unsummable"
+    assert raised.value.where.column == "value" and "'value'" in str(raised.value)

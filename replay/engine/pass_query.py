@@ -202,7 +202,7 @@ class _Builder:
         late_here = self.late_in_windows and s == 0 and rows_frame is not None  # late tuples ride in these partials
         if previous is not None:
             carried = read_open(self.spark, previous)
-            check_open_state(carried.columns, spec, cols, previous)
+            check_open_state(carried.schema, spec, cols, previous)
             pieces.append(carried.withColumn("_fb", F.lit(0).cast("long")))
         counts = self.counts
         if rows_frame is not None and s == 0 and (counts.ride or self.late_in_windows):

@@ -102,6 +102,12 @@ def _partial_exprs(spec: WindowSpec, cols: WindowColumns, member: Column, owned:
     return exprs
 
 
+def partial_columns_of(i: int, spec: WindowSpec, cols: WindowColumns) -> list[str]:
+    """The partial columns of ``spec``'s aggregation ``i`` (none for a plain ``count``)."""
+    agg = spec.aggregations[i]
+    return FUNCTIONS[agg.fn].columns(i, cols.types[agg.column]) if agg.column is not None else []
+
+
 def partial_columns(spec: WindowSpec, cols: WindowColumns) -> list[str]:
     """The names of ``spec``'s aggregation partials (``partials``' columns after ``_rows``, ``_owned``)."""
     return [
@@ -112,15 +118,30 @@ def partial_columns(spec: WindowSpec, cols: WindowColumns) -> list[str]:
     ]
 
 
-def check_open_state(columns: Sequence[str], spec: WindowSpec, cols: WindowColumns, directory: str) -> None:
-    """Refuse open windows carried in (their file's ``columns``) without every partial column this
-    version of Replay merges for ``spec``: a checkpoint written by a version that carried other
-    partials (the float sums' earlier two-integer form) cannot be continued exactly."""
-    missing = [name for name in partial_columns(spec, cols) if name not in columns]
-    if missing:
+def check_open_state(schema: StructType, spec: WindowSpec, cols: WindowColumns, directory: str) -> None:
+    """Refuse open windows carried in (their file's Spark ``schema``) without every partial column
+    this version of Replay merges for ``spec``, or with a partial of the column's values in another
+    type: a checkpoint written by a version that carried other partials (the float sums' earlier
+    two-integer form; a nanosecond payload column's ``min`` as raw integers) cannot be continued exactly."""
+    from pyspark.sql.types import ArrayType
+
+    carried = {field.name: field.dataType for field in schema.fields}
+    missing = [name for name in partial_columns(spec, cols) if name not in carried]
+    retyped = []
+    for i, agg in enumerate(spec.aggregations):
+        kind = cols.types[agg.column] if agg.column is not None else None
+        for name in partial_columns_of(i, spec, cols):
+            suffix, found = name.rsplit("_", 1)[-1], carried.get(name)
+            if kind is None or found is None or suffix not in ("min", "max", "lo", "hi", "set"):
+                continue  # only these hold the column's own values
+            held = found.elementType if suffix == "set" and isinstance(found, ArrayType) else found
+            if held != kind:
+                retyped.append(f"{name} holds {held.simpleString()}, not {kind.simpleString()}")
+    if missing or retyped:
+        what = [f"missing {', '.join(missing)}"] if missing else []
         raise CheckpointStateError(
             f"the open windows of window aggregation '{spec.name}' were written by another version of "
-            f"Replay, with other partial aggregates (missing {', '.join(missing)}), so they cannot be merged",
+            f"Replay, with other partial aggregates ({'; '.join(what + retyped)}), so they cannot be merged",
             where=Location(file=directory),
             todo="replay from scratch with a new --checkpoint directory (and a new --output), or finish this "
             "checkpoint with the version of Replay that wrote it",

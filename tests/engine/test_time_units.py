@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 from replay.cli import app
 from replay.core.config import JobConfig, parse_config
+from replay.core.errors import ReplayError
 from replay.core.timeutil import parse_timestamp
 from replay.engine import archive_rows, rows
 from replay.quality.validate import validate
@@ -354,6 +355,45 @@ def test_nanosecond_payload_timestamps_are_microsecond_timestamps_in_every_table
     # The reconciliation suite recomputes the min, max and distinct count at microseconds by its own path.
     outcome = validate(ns.output, suites=["reconciliation"], spark=spark)
     assert _reconciliation(outcome)["success"], outcome.failures
+
+
+def test_open_windows_holding_a_nanosecond_payload_as_integers_are_refused(spark: Any, tmp_path: Path) -> None:
+    """A checkpoint written when a nanosecond payload column was raw int64 carries its ``min``,
+    ``max`` and distinct set as integers in its open windows: continuing would mix them with
+    timestamps, so the run stops with ``checkpoint.state`` naming each such partial."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    archive = tmp_path / "archive"
+    event = {"event_time": T0 + MS, "key": 1, "value": 1.0, "created": Nanos(5_000)}
+    write_archive(archive, buffer_rows(1, 1, watermark=T0, events=[event]), types={"created": pa.timestamp("ns")})
+    aggregations = [{"fn": fn, "column": "created"} for fn in ("min", "max", "approx_count_distinct")]
+    config = parse_config(
+        {
+            "archive": str(archive),
+            "output": str(tmp_path / "out"),
+            "checkpoint": str(tmp_path / "ckpt"),
+            "windows": [{"name": "w", "size": "1s", "aggregations": [{"fn": "count"}, *aggregations]}],
+        }
+    )
+    run(config, spark=spark)
+    files = list((tmp_path / "ckpt" / "state").glob("*-open-*/*.parquet"))
+    assert files  # the window at T0 is open
+    for path in files:  # as the earlier Replay wrote them: nanoseconds since the epoch, as int64
+        table = pq.read_table(path)
+        for name in ("p1_min", "p2_max"):
+            nanos = pc.multiply(pc.cast(pc.cast(table.column(name), pa.timestamp("us")), pa.int64()), 1_000)
+            table = table.set_column(table.schema.get_field_index(name), name, nanos)
+        table = table.set_column(
+            table.schema.get_field_index("p3_set"), "p3_set", pa.array([[5_000]], pa.list_(pa.int64()))
+        )
+        pq.write_table(table, path)
+    write_archive(archive, buffer_rows(1, 2, watermark=T0 + 2_000 * MS), name="part-00001.parquet")
+    with pytest.raises(ReplayError) as raised:
+        run(config, spark=spark)
+    assert raised.value.code == "checkpoint.state"
+    for name in ("p1_min holds bigint", "p2_max holds bigint", "p3_set holds bigint"):
+        assert name in str(raised.value)
 
 
 def _double_micros(df: Any, column: str, kind: str) -> Any:

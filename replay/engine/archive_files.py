@@ -85,6 +85,8 @@ def _discover_remote(archive: str) -> list[str]:
 
 
 def read_schema(path: str) -> pa.Schema:
+    """The Arrow schema in ``path``'s Parquet footer (local, or through ``fsspec``); a file that cannot
+    be opened, is truncated or is not Parquet is ``archive.unreadable``, naming it."""
     import pyarrow.parquet as pq
 
     try:

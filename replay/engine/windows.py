@@ -110,12 +110,7 @@ def partial_columns_of(i: int, spec: WindowSpec, cols: WindowColumns) -> list[st
 
 def partial_columns(spec: WindowSpec, cols: WindowColumns) -> list[str]:
     """The names of ``spec``'s aggregation partials (``partials``' columns after ``_rows``, ``_owned``)."""
-    return [
-        name
-        for i, agg in enumerate(spec.aggregations)
-        if agg.column is not None
-        for name in FUNCTIONS[agg.fn].columns(i, cols.types[agg.column])
-    ]
+    return [name for i in range(len(spec.aggregations)) for name in partial_columns_of(i, spec, cols)]
 
 
 def check_open_state(schema: StructType, spec: WindowSpec, cols: WindowColumns, directory: str) -> None:

@@ -16,7 +16,8 @@ from replay.runner.ledger import Ledger, account, check_ledger, ledger_row
 from replay.runner.plan import CHANGED, unchanged
 from replay.runner.resume import State
 from replay.store import state as _state
-from replay.store.outputs import encode_schema, write_parquet
+from replay.store.durable import write_parquet_atomic
+from replay.store.outputs import encode_schema
 from replay.store.records import Commit, EngineSnapshot, LogEntry, LogPointer
 from replay.store.tables import progress_table, snapshot_json
 
@@ -130,7 +131,7 @@ def _stage(
     store, nkeys, previous = ctx.store, len(ctx.layout.keys), state.commit
     stem = f"state/{step.prefix}"
     progress_file = ctx.output / "data" / "progress" / f"{ctx.cid}-{step.prefix}.parquet"
-    write_parquet(progress_table(step.batch, step.snapshot), progress_file)
+    write_parquet_atomic(progress_table(step.batch, step.snapshot), progress_file)
     _state.write_buffers(store.root / f"{stem}-buffers.parquet", step.input.buffers, nkeys)
     if carried:
         reads = step.reads

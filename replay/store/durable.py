@@ -17,7 +17,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from replay.core.errors import CheckpointCorruptError, CheckpointStateError, DataError, Location
 
@@ -55,19 +55,12 @@ def write_json_atomic(path: Path, document: Mapping[str, Any], *, compact: bool 
     ``compact`` writes one line (json's C encoder; an indented document goes through its pure-Python
     encoder, which dominated the cost of a commit): for the checkpoint's machine records.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary(path)
     text = (
         json.dumps(document, sort_keys=True, separators=(",", ":"))
         if compact
         else json.dumps(document, indent=1, sort_keys=True)
     )
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    _replace(path, lambda handle: handle.write(text.encode("utf-8")))
 
 
 def temporary(path: Path) -> Path:
@@ -83,10 +76,16 @@ def write_parquet_atomic(table: pa.Table, path: Path, *, sync_dir: bool = True) 
     ``sync_dir=False`` and call ``fsync_dir`` once after the last."""
     import pyarrow.parquet as pq
 
+    _replace(path, lambda handle: pq.write_table(table, handle), sync_dir=sync_dir)
+
+
+def _replace(path: Path, fill: Callable[[BinaryIO], object], *, sync_dir: bool = True) -> None:
+    """Replace ``path`` by what ``fill`` writes: under ``temporary(path)``, fsynced, renamed, and
+    (``sync_dir``) the rename made durable by an fsync of the directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary(path)
     with open(tmp, "wb") as handle:
-        pq.write_table(table, handle)
+        fill(handle)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)

@@ -43,7 +43,6 @@ from replay.store.durable import (
     payload_digest,
     signed,
     write_json_atomic,
-    write_parquet_atomic,
 )
 from replay.store.listing import listed
 from replay.store.manifest import MANIFEST_FORMAT_VERSION, TABLES, Manifest
@@ -67,7 +66,6 @@ __all__ = [
     "table_files",
     "write_current",
     "write_manifest",
-    "write_parquet",
     "write_validation",
 ]
 
@@ -288,11 +286,6 @@ def write_validation(output: str | Path, version: int, record: Mapping[str, Any]
     return path
 
 
-def write_parquet(table: pa.Table, path: Path) -> None:
-    """Write one data file of a table: a temporary file, fsync, rename, fsync of its directory."""
-    write_parquet_atomic(table, path)
-
-
 def encode_schema(schema: pa.Schema) -> str:
     """A schema as the hex text manifests keep (so an empty table still has its columns)."""
     return bytes(schema.serialize().to_pybytes()).hex()
@@ -310,6 +303,11 @@ def _parquet_files(output: Path, entries: Sequence[str], version: int | None = N
             written before its files, and its files are never deleted before it): reading on
             would give fewer rows than the version has.
     """
+    named = "a version" if version is None else f"version {version}"
+
+    def gone(path: Path, shown: Path | str) -> DataError:
+        return damaged_output(f"{shown} of output {output} is missing, though {named} lists it", path)
+
     files: list[str] = []
     for entry in entries:
         path = output / entry
@@ -320,15 +318,12 @@ def _parquet_files(output: Path, entries: Sequence[str], version: int | None = N
                 continue
             absent = [p for p in listing if not p.exists()]
             if absent:
-                named = "a version" if version is None else f"version {version}"
-                message = f"{absent[0].relative_to(output)} of output {output} is missing, though {named} lists it"
-                raise damaged_output(message, absent[0])
+                raise gone(absent[0], absent[0].relative_to(output))
             files += [str(p) for p in listing]
         elif path.exists():
             files.append(str(path))
         else:
-            named = "a version" if version is None else f"version {version}"
-            raise damaged_output(f"{entry} of output {output} is missing, though {named} lists it", path)
+            raise gone(path, entry)
     return files
 
 

@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from replay.core.config import JobConfig
 from replay.core.errors import Location, PublicationError, storage_errors
-from replay.store.durable import fsync_dir
+from replay.store.durable import fsync_dir, write_parquet_atomic
 from replay.store.lock import one_publisher
 from replay.store.outputs import (
     Manifest,
@@ -44,7 +44,6 @@ from replay.store.outputs import (
     resolve_version,
     write_current,
     write_manifest,
-    write_parquet,
 )
 
 __all__ = ["PublishOutcome", "corrections", "publish"]
@@ -309,7 +308,7 @@ def _write_publication(root: Path, v: int, manifest: Manifest, config: JobConfig
             pa.concat_tables([kept.select(after.schema.names).cast(after.schema), after]) if kept.num_rows else after
         )
         windows_rel = f"data/windows/publication-v{v:06d}-{token}.parquet"
-        write_parquet(after, root / windows_rel)
+        write_parquet_atomic(after, root / windows_rel)
         tables["windows"] = (windows_rel,)
         late_before = read_table(root, "late", previous)
         late_after = read_table(root, "late", v)
@@ -319,11 +318,11 @@ def _write_publication(root: Path, v: int, manifest: Manifest, config: JobConfig
                 [late_kept.select(late_after.schema.names).cast(late_after.schema), late_after]
             )
         late_rel = f"data/late/publication-v{v:06d}-{token}.parquet"
-        write_parquet(late_after, root / late_rel)
+        write_parquet_atomic(late_after, root / late_rel)
         tables["late"] = (late_rel,)
     fixes = corrections(before, after)
     corrections_rel = f"data/corrections/publication-v{v:06d}-{token}.parquet"
-    write_parquet(fixes, root / corrections_rel)
+    write_parquet_atomic(fixes, root / corrections_rel)
     tables["corrections"] = (corrections_rel,)
     # The source's fields, as a publication (write_manifest gives it its number and time).
     publication = replace(

@@ -18,7 +18,8 @@ from replay.core.timeutil import NEG_INF, format_ts
 from replay.core.vocabulary import IntegrityKind
 from replay.store import state as _state
 from replay.store.checkpoint import CheckpointStore
-from replay.store.outputs import Manifest, encode_schema, list_versions, read_manifest, write_manifest, write_parquet
+from replay.store.durable import write_parquet_atomic
+from replay.store.outputs import Manifest, encode_schema, list_versions, read_manifest, write_manifest
 from replay.store.records import Commit
 
 __all__ = [
@@ -258,7 +259,7 @@ def write_run_version(
     consumed = _state.read_consumed(store.root / commit.consumed) if commit.consumed else {}
     integrity = integrity_from_json(progress, discarded, config.archive)
     integrity_rel = f"data/integrity/{cid}-b{commit.batch:08d}-{commit.token}.parquet"
-    write_parquet(integrity, output / integrity_rel)
+    write_parquet_atomic(integrity, output / integrity_rel)
     tables = {t: before[t] + [p for e in entries if (p := e.outputs.get(t))] for t in ("windows", "late", "progress")}
     written = write_manifest(
         output,

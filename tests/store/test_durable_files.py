@@ -16,9 +16,9 @@ import pytest
 from replay.core.buffer import Buffer
 from replay.core.errors import CheckpointCorruptError, DataError
 from replay.store import state
-from replay.store.durable import write_json_atomic
+from replay.store.durable import write_json_atomic, write_parquet_atomic
 from replay.store.lock import one_publisher
-from replay.store.outputs import Manifest, read_manifest, read_table, table_files, write_manifest, write_parquet
+from replay.store.outputs import Manifest, read_manifest, read_table, table_files, write_manifest
 from replay.store.state import Discarded
 from tests._archives import buffer
 
@@ -71,7 +71,7 @@ def test_a_state_file_is_fsynced_under_a_temporary_name_then_renamed(
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names an fd through /proc")
 def test_an_output_data_file_is_fsynced_and_so_is_its_directory(tmp_path: Path, synced: list[str]) -> None:
     path = tmp_path / "data" / "progress" / "x.parquet"
-    write_parquet(pa.table({"a": [1]}), path)
+    write_parquet_atomic(pa.table({"a": [1]}), path)
     assert [Path(p).parent for p in synced] == [path.parent, path.parent.parent], synced
     assert synced[1] == str(path.parent)
 
@@ -121,7 +121,7 @@ def test_two_threads_writing_one_record_never_share_a_temporary_file(tmp_path: P
 
 def test_a_version_whose_listed_file_is_gone_is_output_corrupt_not_fewer_rows(tmp_path: Path) -> None:
     for name in ("a", "b"):
-        write_parquet(pa.table({"x": [1]}), tmp_path / "data" / "windows" / name / "part.parquet")
+        write_parquet_atomic(pa.table({"x": [1]}), tmp_path / "data" / "windows" / name / "part.parquet")
     entries = ("data/windows/a", "data/windows/b")
     version = write_manifest(tmp_path, Manifest(tables={"windows": entries}, kind="run")).version
     assert read_table(tmp_path, "windows", version).num_rows == 2
@@ -164,7 +164,7 @@ def test_a_listed_directory_reads_its_listed_files_only_and_a_listed_file_gone_i
 
     folder = tmp_path / "data" / "windows" / "a"
     for name in ("part-1.parquet", "part-2.parquet", "stray.parquet"):
-        write_parquet(pa.table({"x": [1]}), folder / name)
+        write_parquet_atomic(pa.table({"x": [1]}), folder / name)
     write_listing(folder, ["part-1.parquet", "part-2.parquet"])
     version = write_manifest(tmp_path, Manifest(tables={"windows": ("data/windows/a",)}, kind="run")).version
     assert read_table(tmp_path, "windows", version).num_rows == 2  # not the stray file

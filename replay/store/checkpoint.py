@@ -44,6 +44,7 @@ from replay.core.errors import (
     IncompatibleCheckpointError,
     Location,
 )
+from replay.core.rules import RULES_VERSION, changes_since
 from replay.store.batch_log import LOG_NAME, append_log, read_log
 from replay.store.durable import RECORD_FORMAT_VERSION, fsync_dir, read_record, read_typed, write_record
 from replay.store.lock import LockInfo, single_writer
@@ -85,6 +86,27 @@ def _diff(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     return sorted(name for name in set(stored) | set(current) if stored.get(name) != current.get(name))
 
 
+def _other_rules(root: Path, rules: Any) -> IncompatibleCheckpointError:
+    """``checkpoint.incompatible`` for a checkpoint whose commits were made under rules ``rules``."""
+    if isinstance(rules, int) and rules > RULES_VERSION:
+        said = f"a newer Replay (rules {rules}; this one computes by rules {RULES_VERSION})"
+        todo = "run it with that Replay release or a later one, or replay from scratch with a new --checkpoint"
+    else:
+        since = "; ".join(changes_since(rules if isinstance(rules, int) else None))
+        written = f"rules {rules}" if rules is not None else "rules from before they were versioned"
+        said = f"an earlier Replay ({written}); this one computes by rules {RULES_VERSION}, which changed: {since}"
+        todo = (
+            "finish the replay with the Replay release that wrote the checkpoint, or replay from scratch "
+            "with a new --checkpoint and a new --output (what the old checkpoint published stays as it is)"
+        )
+    return IncompatibleCheckpointError(
+        f"the checkpoint's batches were committed by {said}; continuing them would mix two sets of rules "
+        "in one output, which neither Replay computes",
+        where=Location(file=str(root)),
+        todo=todo,
+    )
+
+
 class CheckpointStore:
     """One checkpoint directory. Methods that write must be called while holding ``lock()``."""
 
@@ -124,6 +146,7 @@ class CheckpointStore:
                 "fingerprint": fingerprint,
                 "fields": dict(fields),
                 "output": output,
+                "rules": RULES_VERSION,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             }
             write_record(self.root / "checkpoint.json", identity)
@@ -132,10 +155,15 @@ class CheckpointStore:
         changes = {name: "; ".join(_changes(stored["fields"].get(name), fields.get(name))) for name in differing}
         if stored["output"] != output:
             changes["output"] = f"{stored['output']!r} -> {output!r}"
+        rules = stored.get("rules")
+        if rules != RULES_VERSION:
+            changes["rules"] = f"{rules} -> {RULES_VERSION}"
         if not changes:
             return stored
         folder = self.root / "commits"
         uncommitted = not folder.exists() or not any(folder.iterdir())  # not even a commit set aside
+        if not uncommitted and rules != RULES_VERSION:
+            raise _other_rules(self.root, rules)
         if uncommitted or (
             stored["output"] == output
             and all(may_change(name, stored["fields"].get(name), fields.get(name)) for name in differing)
@@ -145,7 +173,7 @@ class CheckpointStore:
             identity = {
                 key: value for key, value in stored.items() if key not in ("format_version", "sha256", "rebound")
             }
-            identity |= {"fingerprint": fingerprint, "fields": dict(fields), "output": output}
+            identity |= {"fingerprint": fingerprint, "fields": dict(fields), "output": output, "rules": RULES_VERSION}
             write_record(self.root / "checkpoint.json", identity)
             reason = (
                 "it held no commit yet"

@@ -81,6 +81,7 @@ def checkpoint_status(checkpoint: str | Path) -> dict[str, Any]:
     return {
         "checkpoint": str(checkpoint),
         "output": identity["output"],
+        "rules": identity.get("rules"),  # None: written before rules were versioned (replay.core.rules)
         "versions": list_versions(identity["output"]),
         "commits": [batch for batch in store.commits() if point is None or batch not in point.skipped_batches],
         "batch": commit.batch,

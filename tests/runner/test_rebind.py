@@ -15,12 +15,16 @@ from replay.core.errors import (
     IncompatibleCheckpointError,
     WatermarkRegressionError,
 )
+from replay.core.rules import RULES_VERSION
 from replay.runner.loop import run
 from replay.store.checkpoint import CheckpointStore
+from replay.store.durable import write_record
 from tests._archives import buffer_rows, write_archive
 from tests.runner._jobs import SECOND, T0, results, small_job
 
 pytestmark = pytest.mark.spark
+
+_NOT_PAYLOAD = ("format_version", "sha256", "rules")
 
 
 def _conflicting(archive: Path) -> None:
@@ -116,3 +120,22 @@ def test_the_batches_before_a_regression_commit_and_the_lenient_policy_goes_on_f
     fresh = small_job(tmp_path / "fresh", archive, watermark_regression="clamp")
     run(fresh, spark=spark)
     assert results(lenient) == results(fresh)
+
+
+def test_a_checkpoint_committed_under_earlier_rules_is_refused_and_left_as_it_was(spark: Any, tmp_path: Path) -> None:
+    """A checkpoint from a Replay whose rules differed (here: one from before rules were versioned)
+    is not continued: its commits would mix two sets of rules in one output."""
+    archive = tmp_path / "archive"
+    write_archive(archive, buffer_rows(1, 1, watermark=T0 + 2 * SECOND, events=[(T0 + 1, 1, 0.1)]), name="a.parquet")
+    job = small_job(tmp_path, archive)
+    run(job, spark=spark)
+    store = CheckpointStore(tmp_path / "ckpt")
+    identity = store.identity()
+    assert identity is not None and identity["rules"] == RULES_VERSION
+    write_record(store.root / "checkpoint.json", {k: v for k, v in identity.items() if k not in _NOT_PAYLOAD})
+    committed, published = store.commits(), results(job)
+    write_archive(archive, buffer_rows(1, 2, watermark=T0 + 4 * SECOND, events=[(T0 + 3, 1, 0.2)]), name="b.parquet")
+    with pytest.raises(IncompatibleCheckpointError) as raised:
+        run(job, spark=spark)
+    assert "before they were versioned" in str(raised.value) and "new --checkpoint" in str(raised.value)
+    assert store.commits() == committed and results(job) == published

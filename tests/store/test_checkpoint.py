@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from replay.core.errors import CheckpointCorruptError, CheckpointStateError
+from replay.core.errors import CheckpointCorruptError, CheckpointStateError, IncompatibleCheckpointError
+from replay.core.rules import CHANGES, RULES_VERSION
 from replay.store.checkpoint import CheckpointStore
 from replay.store.durable import RECORD_FORMAT_VERSION, read_record, write_record
 from replay.store.records import Commit, EngineSnapshot, LogEntry, LogPointer
@@ -231,3 +232,46 @@ def test_prune_keeps_the_newest_commits_and_the_files_they_still_need(tmp_path: 
     assert store.prune(2, {}) == [1]
     assert store.commits() == [2, 3]
     assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["d1", "d2", "d3", "h2", "h3"]
+
+
+def _bound(root: Path, *, rules: object, committed: bool) -> CheckpointStore:
+    """A checkpoint whose identity says it was written under rules ``rules`` (``None``: it says
+    nothing, as before rules were versioned), with a commit or without."""
+    store = CheckpointStore(root)
+    identity = store.bind(fingerprint="f", fields={"windows": []}, output="out")
+    assert identity["rules"] == RULES_VERSION
+    stored = {k: v for k, v in identity.items() if k not in ("format_version", "sha256", "rules")}
+    write_record(root / "checkpoint.json", stored if rules is None else {**stored, "rules": rules})
+    if committed:
+        (root / "commits").mkdir()
+        (root / "commits" / "00000001.json").write_text("{}")
+    return store
+
+
+@pytest.mark.parametrize(
+    ("rules", "said"),
+    [
+        (None, "rules from before they were versioned"),
+        (RULES_VERSION - 1, f"rules {RULES_VERSION - 1}"),
+        (RULES_VERSION + 1, f"a newer Replay (rules {RULES_VERSION + 1}"),
+    ],
+)
+def test_a_checkpoint_with_commits_under_other_rules_is_refused_saying_what_changed(
+    tmp_path: Path, rules: object, said: str
+) -> None:
+    store = _bound(tmp_path, rules=rules, committed=True)
+    with pytest.raises(IncompatibleCheckpointError) as raised:
+        store.bind(fingerprint="f", fields={"windows": []}, output="out")
+    text = str(raised.value)
+    assert said in text and raised.value.code == "checkpoint.incompatible"
+    if rules != RULES_VERSION + 1:
+        assert CHANGES[RULES_VERSION] in text and "new --checkpoint" in text
+    assert "rules" not in (read_record(tmp_path / "checkpoint.json") if rules is None else {})
+
+
+def test_a_checkpoint_without_a_commit_takes_this_replays_rules(tmp_path: Path) -> None:
+    store = _bound(tmp_path, rules=None, committed=False)
+    identity = store.bind(fingerprint="f", fields={"windows": []}, output="out")
+    assert identity["rules"] == RULES_VERSION and f"rules None -> {RULES_VERSION}" in identity["rebound"]
+    assert read_record(tmp_path / "checkpoint.json")["rules"] == RULES_VERSION
+    assert "rebound" not in store.bind(fingerprint="f", fields={"windows": []}, output="out")

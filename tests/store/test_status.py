@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from replay.core.config import parse_config
+from replay.core.rules import RULES_VERSION
 from replay.core.timeutil import format_ts, parse_timestamp
 from replay.runner.loop import run
 from replay.store.status import checkpoint_status
@@ -49,6 +50,7 @@ def test_the_output_watermark_is_e_k_or_just_before_the_oldest_open_window(
     )
     summary = run(config, spark=spark)
     status = checkpoint_status(tmp_path / "ckpt")
+    assert status["rules"] == RULES_VERSION
     assert status["keys"][0]["effective"] == format_ts(watermark)
     # The sliding windows [-1 s, 1 s) and [0 s, 2 s) hold the first event; the oldest open one ends
     # at 1 s when it is open (E_k below 1 s), else the one ending at 2 s, if E_k is below that.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,14 +145,22 @@ def _content(copy: _Copy, ingest_column: str) -> Counter[tuple[tuple[str, str], 
 
 
 def _dedupe(
-    copies: Sequence[_Copy], *, on_conflict: str, ingest_column: str, has_ingest: bool
+    copies: Sequence[_Copy],
+    *,
+    on_conflict: str,
+    ingest_column: str,
+    has_ingest: bool,
+    run_of: Callable[[str], int] = lambda file: 0,
 ) -> tuple[dict[Identity, _Copy], list[_Copy], set[Identity]]:
     """Each identity's first copy, the discarded identical copies, and the conflicting identities.
 
     First is the smallest by (``ingest_ts``, file path, row position), or by (file path,
-    row position) without an ``ingest_ts`` column. Raises ``ConflictingDuplicateError``
-    on the first conflict (by identity, then copy order) under ``on_conflict == "fail"``;
-    under ``keep_first`` a conflicting copy is discarded (and not counted as a duplicate).
+    row position) without an ``ingest_ts`` column, among the copies of the first run that
+    finds the identity (``run_of``: the run a file is first read in): a later run compares
+    its copies with the one the checkpoint already consumed, whatever their order. Raises
+    ``ConflictingDuplicateError`` on the first conflict (by identity, then copy order) under
+    ``on_conflict == "fail"``; under ``keep_first`` a conflicting copy is discarded (and not
+    counted as a duplicate).
     """
     by_identity: dict[Identity, list[_Copy]] = defaultdict(list)
     for copy in copies:
@@ -162,9 +170,9 @@ def _dedupe(
     conflicts: set[Identity] = set()
     for identity in sorted(by_identity):
         if has_ingest:
-            ordered = sorted(by_identity[identity], key=lambda c: (c.ingest_ts, c.file, c.position))
+            ordered = sorted(by_identity[identity], key=lambda c: (run_of(c.file), c.ingest_ts, c.file, c.position))
         else:
-            ordered = sorted(by_identity[identity], key=lambda c: (c.file, c.position))
+            ordered = sorted(by_identity[identity], key=lambda c: (run_of(c.file), c.file, c.position))
         first = kept[identity] = ordered[0]
         for other in ordered[1:]:
             if _content(other, ingest_column) == _content(first, ingest_column):
@@ -244,8 +252,13 @@ def _resolve_lateness(requested: str, *, has_ingest: bool, ingest_column: str) -
     return requested
 
 
-def load_archive(archive: str | Path, config: JobConfig, *, lateness: str | None) -> LoadedArchive:
+def load_archive(
+    archive: str | Path, config: JobConfig, *, lateness: str | None, earlier: Sequence[Collection[str | Path]] = ()
+) -> LoadedArchive:
     """Read, cut into copies and deduplicate every ``*.parquet`` file under ``archive``.
+
+    ``earlier``: the files each earlier run of an incremental replay read, in run order; a copy
+    in a later run's file never displaces the copy an earlier run kept (``_dedupe``).
 
     Raises:
         EmptyArchiveError: no Parquet file under ``archive``.
@@ -280,8 +293,14 @@ def load_archive(archive: str | Path, config: JobConfig, *, lateness: str | None
             r for r in copy.rows if r.get(key_c) is not None or any(r.get(c) is not None for c in event_columns)
         )
 
+    runs = [{str(Path(f).resolve()) for f in files} for files in earlier]
+
+    def run_of(file: str) -> int:
+        resolved = str(Path(file).resolve())
+        return next((i for i, files in enumerate(runs) if resolved in files), len(runs))
+
     kept, identical, conflicts = _dedupe(
-        copies, on_conflict=config.on_conflict, ingest_column=ingest_c, has_ingest=has_ingest
+        copies, on_conflict=config.on_conflict, ingest_column=ingest_c, has_ingest=has_ingest, run_of=run_of
     )
     duplicate_copies: Counter[int] = Counter()
     duplicate_tuples: Counter[int] = Counter()

@@ -101,7 +101,7 @@ def run_reference(
             ``watermark_regression: fail``.
         EmptyArchiveError: no Parquet file under ``archive``.
     """
-    loaded = load_archive(archive, config, lateness=lateness)
+    loaded = load_archive(archive, config, lateness=lateness, earlier=earlier)
     keys = loaded.keys
     runs = [{str(Path(f).resolve()) for f in files} for files in earlier]
     run_of = {

@@ -288,7 +288,7 @@ def test_nanosecond_payload_timestamps_are_microsecond_timestamps_in_every_table
     section 1): the ``late`` table and a ``min``/``max`` over it carry it as a timestamp at
     microseconds, truncated toward minus infinity, never as raw integers; ``replay run`` gives
     what the reference model gives, and what the same archive truncated to microseconds gives."""
-    from tests.runner.test_job_vs_reference import _same_windows, output_view, reference_view
+    from tests.runner.test_job_vs_reference import output_view, reference_view, same_windows
 
     ns_type, us_type = pa.timestamp("ns", tz="UTC"), pa.timestamp("us", tz="UTC")
     if only_payload:  # event times and watermarks in microseconds: only ``created`` needs nanoseconds
@@ -328,7 +328,7 @@ def test_nanosecond_payload_timestamps_are_microsecond_timestamps_in_every_table
     actual, expected = output_view(ns), reference_view(ns)
     assert actual["late_columns"] == expected["late_columns"] == ("event_time", "key", "value", "created")
     assert actual["late"] == expected["late"]
-    _same_windows(actual["windows"], expected["windows"])
+    same_windows(actual["windows"], expected["windows"])
 
     # By hand: floor(ns / 1000), so -1 ns and -1000 ns are -1 us, 999 ns is 0 us, -1001 ns is -2 us.
     def shown(table: str) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from replay.runner.loop import run
 from replay.store.outputs import read_table
 from tests._archives import buffer_rows, write_archive
 from tests.runner._jobs import SECOND, T0, small_job
-from tests.runner.test_job_vs_reference import _same_windows, job_view, reference_view
+from tests.runner.test_job_vs_reference import job_view, reference_view, same_windows
 
 pytestmark = pytest.mark.spark
 
@@ -69,7 +69,7 @@ def test_a_buffer_of_a_skipped_sequence_found_later_is_reported_and_the_runs_go_
     ref = run_reference(archive, config, earlier=earlier)
     assert ref.after_skip == {(1, 2, 1)} and ref.skipped == {(1, 2)}
     actual = job_view(config, spark)  # a third run: nothing new, the same tables
-    _same_windows(actual["windows"], expected["windows"])
+    same_windows(actual["windows"], expected["windows"])
     assert actual["late"] == expected["late"] and actual["open"] == expected["open"]
 
     # A third run with more buffers reads on; the late file is consumed and stays so.
@@ -79,7 +79,7 @@ def test_a_buffer_of_a_skipped_sequence_found_later_is_reported_and_the_runs_go_
     earlier = [[first], [first, late, second]]
     expected = reference_view(config, earlier)
     actual = job_view(config, spark)
-    _same_windows(actual["windows"], expected["windows"])
+    same_windows(actual["windows"], expected["windows"])
     assert actual["late"] == expected["late"] and actual["open"] == expected["open"]
     assert third.exists()
     after = [r for r in read_table(config.output, "integrity").to_pylist() if r["kind"] == "after_skip"]

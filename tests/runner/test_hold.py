@@ -27,7 +27,7 @@ from replay.runner.loop import run
 from replay.store.outputs import read_table
 from tests._archives import buffer, buffer_rows, write_archive
 from tests.runner.test_job import digests, job
-from tests.runner.test_job_vs_reference import _compare, _same_windows, job_view, reference_view
+from tests.runner.test_job_vs_reference import _compare, job_view, reference_view, same_windows
 
 SECOND = 1_000_000
 #: A tumbling and a sliding aggregation, in windows of half a second and two seconds.
@@ -98,7 +98,7 @@ def test_an_origin_without_watermarks_gives_the_same_windows_whatever_the_cut(
     if not ranged:
         expected_view = reference_view(whole)
         view = job_view(whole, spark)
-        _same_windows(view["windows"], expected_view["windows"])
+        same_windows(view["windows"], expected_view["windows"])
         assert (view["late"], view["open"]) == (expected_view["late"], expected_view["open"])
         # Origin 2's tuples are never late in a single run (its own promise is minus infinity).
         assert view["late"] == []

@@ -159,7 +159,7 @@ def reference_view(config: JobConfig, earlier: Sequence[Collection[Path]] = ()) 
     }
 
 
-def _same_windows(actual: list[Any], expected: list[Any]) -> None:
+def same_windows(actual: list[Any], expected: list[Any]) -> None:
     assert [w[:5] for w in actual] == [w[:5] for w in expected]
     for a, e in zip(actual, expected, strict=True):
         assert [n for n, _ in a[5]] == [n for n, _ in e[5]]
@@ -213,7 +213,7 @@ def _compare(spark: Any, drawn: Drawn, jobs: dict[str, Any]) -> None:
             return
         event(f"windows emitted: {min(len(expected['windows']), 3)}+, late: {min(len(expected['late']), 3)}+")
         actual = job_view(config, spark)
-        _same_windows(actual["windows"], expected["windows"])
+        same_windows(actual["windows"], expected["windows"])
         assert actual["late_columns"] == expected["late_columns"]
         assert actual["late"] == expected["late"]
         assert actual["open"] == expected["open"]
@@ -273,7 +273,7 @@ def test_watermark_ts_stays_metadata_when_the_key_uses_event_time_watermarks(
     assert "watermark_ts" not in actual["late_columns"]
     assert actual["late_columns"] == expected["late_columns"] == ("event_time", "key", "value")
     assert actual["late"] == expected["late"]
-    _same_windows(actual["windows"], expected["windows"])
+    same_windows(actual["windows"], expected["windows"])
     assert actual["open"] == expected["open"]
 
 
@@ -316,6 +316,6 @@ def test_a_tumbling_run_counts_rows_and_tuples_from_its_groups(
     # One pass, counting from its groups.
     assert taken == [(True, batches_per_pass is not None, late_fraction > 0)], taken
     assert bool(expected["late"]) == (late_fraction > 0), "the archive has late tuples, or none"
-    _same_windows(actual["windows"], expected["windows"])
+    same_windows(actual["windows"], expected["windows"])
     assert actual["late"] == expected["late"]
     assert actual["open"] == expected["open"]

@@ -138,6 +138,31 @@ class ProgressState:
                     return True
         return False
 
+    def check_new_chunks(self, buffers: PackedBuffers) -> None:
+        """That ``buffers``, a run's buffers never fed before, keep the chunk rules (at most one last
+        chunk per sequence, none beyond it) together with the chunks fed in earlier runs: within
+        one run the scan checks them (``replay.engine.copy_checks.check_sequences``), across runs
+        only the engine knows the chunks it holds and the sequences it completed.
+
+        Raises:
+            BadBufferError: a new chunk of a sequence already complete, a second last chunk, or a
+                chunk beyond the last one; naming the origin, sequence, chunk and file.
+        """
+        import numpy as np
+
+        if not len(buffers) or not self._origins:
+            return
+        origin, sequence = buffers.column("origin"), buffers.column("sequence")
+        for state in self._origins.values():
+            mine = origin == state.id
+            if not mine.any():
+                continue
+            behind = sequence <= state.prefix
+            if state.pending:
+                behind = behind | np.isin(sequence, list(state.pending))
+            for i in np.flatnonzero(mine & behind).tolist():
+                _check_chunk(state, buffers[i])
+
     def pending_buffer(self, identity: tuple[int, int, int]) -> Buffer | None:
         """The fed buffer of ``identity`` beyond its origin's prefix, if it is one."""
         origin, sequence, chunk = identity
@@ -220,3 +245,46 @@ class ProgressState:
             state.blocked = row["blocked"]
         for buf in held:
             self._origins[buf.origin].pending.setdefault(buf.sequence, {})[buf.chunk] = buf
+
+
+def _check_chunk(state: OriginState, buf: Buffer) -> None:
+    """``ProgressState.check_new_chunks`` for one new buffer of a sequence the engine completed or holds."""
+    from replay.core.errors import BadBufferError, Location
+
+    where = Location(file=buf.file, origin=buf.origin, sequence=buf.sequence, chunk=buf.chunk)
+    todo = (
+        "the last chunk must carry the highest chunk number, on exactly one chunk per sequence; fix the "
+        "archiver and take this buffer's rows out of the file (or the file out of the archive) to go on"
+    )
+    if buf.sequence <= state.prefix:
+        said = "a second last chunk" if buf.last_chunk else "a chunk beyond its last one"
+        raise BadBufferError(
+            f"chunk {buf.chunk} arrived after its sequence was complete (every chunk up to the last one was "
+            f"replayed by an earlier run): it is {said}",
+            where=where,
+            todo=todo,
+            code="archive.two_last_chunks" if buf.last_chunk else "archive.chunk_beyond_last",
+        )
+    fed = state.pending[buf.sequence]
+    last = state.last.get(buf.sequence)
+    if buf.chunk in fed:
+        return  # another copy of a fed chunk: deduplication's case
+    if buf.last_chunk and last is not None:
+        raise BadBufferError(
+            f"the sequence has 2 last chunks: [{min(last, buf.chunk)}, {max(last, buf.chunk)}] (chunk {last} "
+            "was fed by an earlier run, which holds it until the sequence is complete)",
+            where=where,
+            todo=todo,
+            code="archive.two_last_chunks",
+        )
+    beyond = buf.chunk if last is not None and buf.chunk > last else None
+    if buf.last_chunk and fed and max(fed) > buf.chunk:
+        beyond, last = max(fed), buf.chunk
+    if beyond is not None:
+        raise BadBufferError(
+            f"chunk {beyond} lies beyond the sequence's last chunk {last} (one of the two was fed by an earlier "
+            "run, which holds it until the sequence is complete)",
+            where=where,
+            todo=todo,
+            code="archive.chunk_beyond_last",
+        )

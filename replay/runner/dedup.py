@@ -36,6 +36,8 @@ def deduplicate(
     Raises:
         ConflictingDuplicateError: a buffer already replayed arrives again with other content,
             under ``on_conflict: fail``.
+        BadBufferError: a new chunk breaks the chunk rules together with the chunks earlier runs
+            fed (``ProgressState.check_new_chunks``).
     """
     # Deduplicate against the checkpoint: a copy already consumed (its file was re-read) is
     # skipped; another copy of a known buffer is a duplicate, or a conflict. Only an identity
@@ -60,6 +62,7 @@ def deduplicate(
             )
 
     new = scan.buffers if new_at is None else scan.buffers.take(new_at)
+    state.engine.check_new_chunks(new)
     if mode == Lateness.ARRIVAL:
         clock = state.engine.clock
         if clock is not None:

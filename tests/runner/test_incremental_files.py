@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from replay.core.errors import ArchiveSchemaError
+from replay.core.errors import ArchiveSchemaError, BadBufferError
 from replay.runner.loop import run
 from replay.store.checkpoint import CheckpointStore
 from replay.store.digest import digest
@@ -107,3 +107,44 @@ def test_new_files_without_a_row_are_nothing_new(spark: Any, tmp_path: Path) -> 
     assert any("1 new file(s) hold no rows" in note for note in summary.notes)
     write_archive(archive, _second_rows(), name="part-00002.parquet")
     assert run(config, spark=spark).buffers == 2
+
+
+def _chunk(sequence: int, chunk: int, last: bool) -> list[dict[str, Any]]:
+    return buffer_rows(1, sequence, chunk, last=last, watermark=T0 + sequence * SECOND, events=[(T0 + chunk, 1, 1.0)])
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "code", "said"),
+    [
+        ([(1, 1, False), (1, 2, True)], (1, 3, True), "archive.two_last_chunks", "after its sequence was complete"),
+        ([(1, 1, False), (1, 2, True)], (1, 3, False), "archive.chunk_beyond_last", "after its sequence was complete"),
+        ([(1, 2, True)], (1, 3, True), "archive.two_last_chunks", "2 last chunks: [2, 3]"),
+        ([(1, 2, True)], (1, 3, False), "archive.chunk_beyond_last", "chunk 3 lies beyond the sequence's last chunk 2"),
+        ([(1, 1, False), (1, 3, False)], (1, 2, True), "archive.chunk_beyond_last", "chunk 3 lies beyond"),
+    ],
+    ids=["complete-then-last", "complete-then-chunk", "held-last-then-last", "held-last-then-chunk", "held-then-last"],
+)
+def test_a_new_chunk_that_breaks_the_chunk_rules_with_an_earlier_runs_chunks_is_refused(
+    spark: Any, tmp_path: Path, first: list[tuple[int, int, bool]], second: tuple[int, int, bool], code: str, said: str
+) -> None:
+    """Within one run the scan checks the chunk rules (one last chunk per sequence, the highest);
+    across runs the engine does, against the sequences it completed and the chunks it holds. Before,
+    a chunk of a completed sequence was called a deduplication bug, and one beyond a held last chunk
+    left its sequence incomplete forever. Nothing of the run is committed, and once the file is taken
+    out the next run goes on."""
+    archive = tmp_path / "archive"
+    write_archive(archive, [row for spec in first for row in _chunk(*spec)], name="part-00000.parquet")
+    config = small_job(tmp_path, archive)
+    run(config, spark=spark)
+    assert config.checkpoint is not None and config.output is not None
+    committed, versions = CheckpointStore(config.checkpoint).commits(), list_versions(config.output)
+    bad = write_archive(archive, _chunk(*second), name="part-00001.parquet")
+    with pytest.raises(BadBufferError) as raised:
+        run(config, spark=spark)
+    error = raised.value
+    assert (error.code, error.origin, error.sequence, error.chunk) == (code, 1, 1, second[1])
+    assert said in str(error) and error.where.file == str(bad)
+    assert CheckpointStore(config.checkpoint).commits() == committed and list_versions(config.output) == versions
+    bad.unlink()
+    write_archive(archive, _chunk(2, 1, True), name="part-00002.parquet")
+    assert run(config, spark=spark).batches >= 1

@@ -83,6 +83,8 @@ class Manifest:
     ``JobConfig.model_dump(mode="json")``), the archive ``files`` it consumed, the ``origins``
     of the progress report and ``ledger_batches`` (the ledger row of every batch). ``log``: how
     far the checkpoint's batch log reached, so the next version reads only the batches after it.
+    ``rules``: the version of the rules the tables were computed by (``replay.core.rules``;
+    ``None`` in a version written before rules were versioned).
 
     A publication (``kind="publication"``, written by ``replay publish``) holds its ``source``
     run version's fields, ``previous`` (the publication it replaced, ``None`` for the first) and
@@ -113,6 +115,7 @@ class Manifest:
     origins: tuple[Mapping[str, Any], ...] | None = None
     ledger_batches: tuple[Mapping[str, Any], ...] | None = None
     log: LogPointer | None = None
+    rules: int | None = None
     source: int | None = None
     previous: int | None = None
     merged_range: _Range | None = None
@@ -190,6 +193,7 @@ class Manifest:
             origins=_records(data.get("origins")),
             ledger_batches=_records(data.get("ledger_batches")),
             log=None if log is None else LogPointer.from_json(log),
+            rules=_optional_int(data.get("rules")),
             source=_optional_int(data.get("source")),
             previous=_optional_int(data.get("previous")),
             merged_range=_range(data.get("merged_range")),

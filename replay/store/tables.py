@@ -14,6 +14,7 @@ from replay.core.config import JobConfig
 from replay.core.errors import CheckpointCorruptError
 from replay.core.paths import local_path
 from replay.core.progress import ProgressSnapshot
+from replay.core.rules import RULES_VERSION
 from replay.core.timeutil import NEG_INF, format_ts
 from replay.core.vocabulary import IntegrityKind
 from replay.store import state as _state
@@ -282,6 +283,7 @@ def write_run_version(
             ledger_batches=(*before["ledger_batches"], *({"batch": e.batch, **e.ledger} for e in entries)),
             # How far the batch log reached: the next version reads only the batches after it.
             log=commit.log,
+            rules=RULES_VERSION,
         ),
     )
     return None, written.version

@@ -19,6 +19,7 @@ from replay.core.rules import RULES_VERSION
 from replay.runner.loop import run
 from replay.store.checkpoint import CheckpointStore
 from replay.store.durable import write_record
+from replay.store.outputs import list_versions, read_manifest
 from tests._archives import buffer_rows, write_archive
 from tests.runner._jobs import SECOND, T0, results, small_job
 
@@ -132,6 +133,7 @@ def test_a_checkpoint_committed_under_earlier_rules_is_refused_and_left_as_it_wa
     store = CheckpointStore(tmp_path / "ckpt")
     identity = store.identity()
     assert identity is not None and identity["rules"] == RULES_VERSION
+    assert job.output is not None and read_manifest(job.output, list_versions(job.output)[-1]).rules == RULES_VERSION
     write_record(store.root / "checkpoint.json", {k: v for k, v in identity.items() if k not in _NOT_PAYLOAD})
     committed, published = store.commits(), results(job)
     write_archive(archive, buffer_rows(1, 2, watermark=T0 + 4 * SECOND, events=[(T0 + 3, 1, 0.2)]), name="b.parquet")

@@ -83,6 +83,7 @@ RUN: dict[str, Any] = {
     "origins": [{"origin": 1, "complete_prefix": 5, "pending_buffers": 0}],
     "ledger_batches": [{"batch": 1, "read_xor": 3}],
     "log": {"lines": 3, "size": 100, "chain": "deadbeef"},
+    "rules": 1,
 }
 PUBLICATION = RUN | {"version": 2, "kind": "publication", "source": 1, "previous": None, "merged_range": None}
 
@@ -106,12 +107,14 @@ def test_a_manifest_is_written_byte_for_byte_as_earlier_replays_wrote_it(
 
 
 def test_a_manifest_of_the_first_format_missing_later_fields_reads_typed(tmp_path: Path) -> None:
-    older = {k: v for k, v in RUN.items() if k not in ("kind", "config", "files", "origins", "ledger_batches", "log")}
+    later = ("kind", "config", "files", "origins", "ledger_batches", "log", "rules")
+    older = {k: v for k, v in RUN.items() if k not in later}
     (tmp_path / "versions").mkdir()
     (tmp_path / "versions" / "000001.json").write_text(json.dumps(older | {"format_version": 1}))
     manifest = read_manifest(tmp_path, 1)
     assert manifest.kind == "run" and manifest.format_version == 1 and manifest.batch == 7
     assert manifest.config is None and manifest.ledger_batches is None and manifest.log is None
+    assert manifest.rules is None
     assert manifest.range == (None, 1_700_000_000_000_000) and manifest.entries("windows") == (
         "data/windows/a",
         "data/windows/b",

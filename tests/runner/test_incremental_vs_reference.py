@@ -2,13 +2,13 @@
 
 Hypothesis draws the archives of ``tests/engine/test_vs_reference.py`` (chunks out of order, gaps,
 idle markers, duplicates, conflicts, regressions, disorder, re-delivered copies with earlier or
-later ingest times) and a window job, and cuts the archive's files into two or three runs: the
-files of each run are written just before it, as an archiver delivers them between scheduled
-replays. After every run the published ``windows`` and ``late`` tables and the open windows must
-be the model's for the files so far, told which files each earlier run read (a buffer belongs to
-the first run that finds it; a copy a later run finds is compared with the one already consumed,
-even where it would have come first in one run over every file). A run that fails must fail as
-the model does over the same files, with the same error.
+later ingest times) and a window job, splits some files in two between buffers, and cuts the
+files into two or three runs: the files of each run are written just before it, as an archiver
+delivers them between scheduled replays. After every run the published ``windows`` and ``late``
+tables and the open windows must be the model's for the files so far, told which files each
+earlier run read (a buffer belongs to the first run that finds it; a copy a later run finds is
+compared with the one already consumed, even where it would have come first in one run over every
+file). A run that fails must fail as the model does over the same files, with the same error.
 """
 
 from __future__ import annotations
@@ -36,6 +36,18 @@ pytestmark = pytest.mark.spark
 Drawn = tuple[list[list[dict[str, Any]]], dict[str, Any], dict[str, pa.DataType]]
 
 
+def _identity(row: dict[str, Any]) -> tuple[Any, ...]:
+    return (row["origin_id"], row["sequence_number"], row["chunk_number"])
+
+
+def _split(rows: list[dict[str, Any]], data: st.DataObject) -> list[list[dict[str, Any]]]:
+    """``rows`` as one file, or as two cut between two buffers (never inside one: its rows in two
+    files would be two copies of it), so that more archives spread over three runs."""
+    cuts = [i for i in range(1, len(rows)) if _identity(rows[i]) != _identity(rows[i - 1])]
+    at = data.draw(st.sampled_from([None, *cuts]), label="split")
+    return [rows] if at is None else [rows[:at], rows[at:]]
+
+
 @settings(
     max_examples=int(os.environ.get("REPLAY_DEEP_EXAMPLES", "10")),
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
@@ -46,6 +58,7 @@ def test_incremental_runs_equal_the_reference_after_each_run(
     spark: Any, drawn: Drawn, jobs: dict[str, Any], data: st.DataObject
 ) -> None:
     files, job, types = drawn
+    files = [part for rows in files for part in _split(rows, data)]
     assume(len(files) >= 2)
     cuts = sorted(data.draw(st.sets(st.integers(1, len(files) - 1), min_size=1, max_size=2), label="cuts"))
     runs = [files[a:b] for a, b in zip([0, *cuts], [*cuts, len(files)], strict=True)]

@@ -187,7 +187,7 @@ def print_status(data: dict[str, Any]) -> None:
         f"[bold]{data['checkpoint']}[/bold]: batch {data['batch']} of run {data['run']} "
         f"({'finished' if data['finished'] else 'interrupted'}), commits kept {data['commits']}, "
         f"lateness {data['lateness']}, output {data['output']} (versions {data['versions']}), "
-        f"rules {data['rules'] if data.get('rules') is not None else 'unversioned'}"
+        f"rules {'unversioned' if data['rules'] is None else data['rules']}"
     )
     keys = Table(title="Per key")
     for title in ("key", "global wm", "effective wm", "window lower", "window upper"):

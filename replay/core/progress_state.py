@@ -15,13 +15,16 @@ values it gives (decisions, snapshots) are in ``replay.core.progress_records``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from replay.core.progress_records import KeySettings, Regression, Skipped
 from replay.core.timeutil import NEG_INF
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
     from replay.core.buffer import Buffer, PackedBuffers
 
 __all__ = ["NEVER", "OriginState", "ProgressState"]
@@ -118,24 +121,35 @@ class ProgressState:
             return False
         return sequence <= state.prefix or chunk in state.pending.get(sequence, {})
 
+    def _touched(
+        self, buffers: PackedBuffers
+    ) -> Iterator[tuple[OriginState, npt.NDArray[np.bool_], npt.NDArray[np.bool_]]]:
+        """Per origin of ``buffers`` that the engine knows: its state, which of ``buffers`` are of a
+        sequence in its complete prefix, and which of a sequence it holds chunks of (masks over
+        ``buffers``)."""
+        import numpy as np
+
+        if not len(buffers) or not self._origins:
+            return
+        origin, sequence = buffers.column("origin"), buffers.column("sequence")
+        for state in self._origins.values():
+            mine = origin == state.id
+            if not mine.any():
+                continue
+            held = mine & np.isin(sequence, list(state.pending)) if state.pending else np.zeros_like(mine)
+            yield state, mine & (sequence <= state.prefix), held
+
     def seen_any(self, buffers: PackedBuffers) -> bool:
         """Whether ``seen`` holds for any of ``buffers`` (over their packed columns: no ``Buffer``
         object per buffer)."""
         import numpy as np
 
-        if not len(buffers) or not self._origins:
-            return False
-        origin, sequence, chunk = (buffers.column(name) for name in ("origin", "sequence", "chunk"))
-        for state in self._origins.values():
-            mine = origin == state.id
-            if not mine.any():
-                continue
-            if (sequence[mine] <= state.prefix).any():
+        sequence, chunk = buffers.column("sequence"), buffers.column("chunk")
+        for state, done, held in self._touched(buffers):
+            if done.any():
                 return True
-            if state.pending:
-                held = np.flatnonzero(mine & np.isin(sequence, list(state.pending)))
-                if any(int(chunk[i]) in state.pending[int(sequence[i])] for i in held.tolist()):
-                    return True
+            if any(int(chunk[i]) in state.pending[int(sequence[i])] for i in np.flatnonzero(held).tolist()):
+                return True
         return False
 
     def check_new_chunks(self, buffers: PackedBuffers) -> None:
@@ -150,17 +164,8 @@ class ProgressState:
         """
         import numpy as np
 
-        if not len(buffers) or not self._origins:
-            return
-        origin, sequence = buffers.column("origin"), buffers.column("sequence")
-        for state in self._origins.values():
-            mine = origin == state.id
-            if not mine.any():
-                continue
-            behind = sequence <= state.prefix
-            if state.pending:
-                behind = behind | np.isin(sequence, list(state.pending))
-            for i in np.flatnonzero(mine & behind).tolist():
+        for state, done, held in self._touched(buffers):
+            for i in np.flatnonzero(done | held).tolist():
                 _check_chunk(state, buffers[i])
 
     def pending_buffer(self, identity: tuple[int, int, int]) -> Buffer | None:

@@ -21,7 +21,7 @@ from replay.core.config import JobConfig
 from replay.core.errors import ConfigError, ConflictingDuplicateError, EmptyArchiveError, Location
 from replay.core.timeutil import MICROS_PER_MS
 
-__all__ = ["Buffer", "Identity", "LoadedArchive", "ResolvedKey", "Row", "load_archive"]
+__all__ = ["Buffer", "Identity", "LoadedArchive", "ResolvedKey", "Row", "load_archive", "run_finder"]
 
 Row = Mapping[str, object]  # physical column name -> Python value (timestamps as int microseconds)
 Identity = tuple[int, int, int]  # (origin, sequence, chunk)
@@ -252,6 +252,18 @@ def _resolve_lateness(requested: str, *, has_ingest: bool, ingest_column: str) -
     return requested
 
 
+def run_finder(earlier: Sequence[Collection[str | Path]]) -> Callable[[str], int]:
+    """The run (0, 1, ...) that first reads a file, given the files each earlier run read; a file
+    none of them read is the last run's."""
+    runs = [{str(Path(f).resolve()) for f in files} for files in earlier]
+
+    def run_of(file: str) -> int:
+        resolved = str(Path(file).resolve())
+        return next((i for i, files in enumerate(runs) if resolved in files), len(runs))
+
+    return run_of
+
+
 def load_archive(
     archive: str | Path, config: JobConfig, *, lateness: str | None, earlier: Sequence[Collection[str | Path]] = ()
 ) -> LoadedArchive:
@@ -293,14 +305,12 @@ def load_archive(
             r for r in copy.rows if r.get(key_c) is not None or any(r.get(c) is not None for c in event_columns)
         )
 
-    runs = [{str(Path(f).resolve()) for f in files} for files in earlier]
-
-    def run_of(file: str) -> int:
-        resolved = str(Path(file).resolve())
-        return next((i for i, files in enumerate(runs) if resolved in files), len(runs))
-
     kept, identical, conflicts = _dedupe(
-        copies, on_conflict=config.on_conflict, ingest_column=ingest_c, has_ingest=has_ingest, run_of=run_of
+        copies,
+        on_conflict=config.on_conflict,
+        ingest_column=ingest_c,
+        has_ingest=has_ingest,
+        run_of=run_finder(earlier),
     )
     duplicate_copies: Counter[int] = Counter()
     duplicate_tuples: Counter[int] = Counter()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from replay.core.config import JobConfig
 from replay.core.timeutil import NEG_INF, minus
-from replay.reference.archive import Buffer, LoadedArchive, Row, load_archive
+from replay.reference.archive import Buffer, LoadedArchive, Row, load_archive, run_finder
 from replay.reference.progress import Threshold, is_complete, run_progress
 from replay.reference.results import KeyProgress, LateRow, OriginKeyProgress, ReferenceResult
 from replay.reference.windows import build_windows
@@ -103,11 +103,8 @@ def run_reference(
     """
     loaded = load_archive(archive, config, lateness=lateness, earlier=earlier)
     keys = loaded.keys
-    runs = [{str(Path(f).resolve()) for f in files} for files in earlier]
-    run_of = {
-        b.identity: next((i for i, files in enumerate(runs) if str(Path(b.file).resolve()) in files), len(runs))
-        for b in loaded.buffers
-    }
+    run_of_file = run_finder(earlier)
+    run_of = {b.identity: run_of_file(b.file) for b in loaded.buffers}
     run = run_progress(loaded, config, run_of)
     loaded = dataclasses.replace(loaded, buffers=run.buffers)  # without the after_skip buffers
     late, on_time, pending_tuples = _decide(loaded, run.thresholds)

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from replay.core.rules import mixed_rules
+
 if TYPE_CHECKING:
     from replay.core.errors import ReplayError
     from replay.generate_options import GenerateSummary
@@ -255,3 +257,5 @@ def print_publication(outcome: PublishOutcome) -> None:
         f"corrections: {counts}"
         + (f"; removed versions {', '.join(map(str, outcome.removed_versions))}" if outcome.removed_versions else "")
     )
+    if outcome.merged_rules:
+        typer.echo(f"note: {mixed_rules(outcome.merged_rules)}", err=True)

@@ -392,8 +392,13 @@ class ReplayPublishOperator(_OutputOperator):
             "changed": outcome.changed,
             "corrections": outcome.corrections,
             "removed_versions": list(outcome.removed_versions),
+            "merged_rules": None if outcome.merged_rules is None else list(outcome.merged_rules),
         }
         self.log.info("published %s", result)
+        if outcome.merged_rules:
+            from replay.core.rules import mixed_rules
+
+            self.log.warning("%s", mixed_rules(outcome.merged_rules))
         if outcome.changed:
             from replay_airflow.records import record_task
 

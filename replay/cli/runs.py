@@ -148,7 +148,7 @@ def show(
     fmt: Annotated[str, typer.Option("--format", help="jsonl or csv.")] = "jsonl",
     version: Annotated[int | None, typer.Option("--version", help="Version (default: published, else newest).")] = None,
 ) -> None:
-    """Print a table's rows sorted by all columns, timestamps as ISO 8601 UTC with milliseconds."""
+    """Print a table's rows sorted by all columns, timestamps ISO 8601 UTC to the ms (µs if finer)."""
     from replay.store.digest import show_lines
 
     try:

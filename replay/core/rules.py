@@ -11,7 +11,7 @@ changed in ``CHANGES``.
 
 from __future__ import annotations
 
-__all__ = ["CHANGES", "RULES_VERSION", "changes_since"]
+__all__ = ["CHANGES", "RULES_VERSION", "changes_since", "mixed_rules", "rules_name"]
 
 #: The rules this Replay computes by.
 RULES_VERSION = 1
@@ -30,3 +30,19 @@ def changes_since(version: int | None) -> list[str]:
     """What changed after rules ``version`` (``None``: a checkpoint that records none), oldest first."""
     after = 0 if version is None else version
     return [f"rules {v}: {text}" for v, text in sorted(CHANGES.items()) if v > after]
+
+
+def rules_name(version: int | None) -> str:
+    """A rules version as the outputs and messages name it (``None``: from before rules were versioned)."""
+    return "unversioned rules" if version is None else f"rules {version}"
+
+
+def mixed_rules(versions: tuple[int | None, ...]) -> str:
+    """What a publication whose rows several rules ``versions`` computed says about them: a range
+    backfill's rows, merged into a publication made by an earlier release (docs/outputs.md#rules-version)."""
+    names = ", ".join(rules_name(v) for v in versions)
+    return (
+        f"the publication's rows were computed by {names}: the merged range's by its run's rules, the rows "
+        "kept from the previous publication by those it was made with; to publish rows of one rules "
+        "version, replay the whole archive into a new --checkpoint and publish that version"
+    )

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replay.core.errors import storage_errors
+from replay.core.rules import rules_name
 from replay.core.timeutil import format_ts
 from replay.quality.charts import REASON_COLOURS
 from replay.quality.report_tables import (
@@ -125,7 +126,16 @@ def _header(root: Path, number: int, manifest: Manifest) -> dict[str, Any]:
         "run": manifest.run,
         "batch": manifest.batch,
         "range": _range(manifest.range or (None, None)),
+        "rules": _rules(manifest),
     }
+
+
+def _rules(manifest: Manifest) -> str:
+    """The rules version(s) the version's rows were computed by (docs/outputs.md#rules-version)."""
+    if manifest.merged_rules:
+        mixed = ", ".join(rules_name(v) for v in manifest.merged_rules)
+        return f"{mixed}: the merged range's rows by {rules_name(manifest.rules)}, the others by earlier ones"
+    return rules_name(manifest.rules)
 
 
 def _kind(manifest: Manifest) -> str:

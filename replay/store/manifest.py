@@ -53,6 +53,10 @@ def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
+def _rules(value: Any) -> tuple[int | None, ...] | None:
+    return None if value is None else tuple(_optional_int(v) for v in value)
+
+
 def _optional_str(value: Any) -> str | None:
     return None if value is None else str(value)
 
@@ -89,7 +93,10 @@ class Manifest:
     A publication (``kind="publication"``, written by ``replay publish``) holds its ``source``
     run version's fields, ``previous`` (the publication it replaced, ``None`` for the first) and
     ``merged_range`` (the range whose rows replaced the previous publication's, ``None`` when it
-    did not merge), and its own ``tables`` and ``schemas``.
+    did not merge), and its own ``tables`` and ``schemas``. ``merged_rules``: a merged publication
+    that kept rows of a previous publication computed by other rules than its source's names every
+    rules version among its rows, ascending (``None``, rules from before they were versioned,
+    first); otherwise ``None``, and ``rules`` covers all of its rows.
 
     Checked at construction: a known ``kind`` and ``format_version``, known table names, a
     publication's ``source``, and no publication fields on a run's version. Sequences are kept
@@ -119,6 +126,7 @@ class Manifest:
     source: int | None = None
     previous: int | None = None
     merged_range: _Range | None = None
+    merged_rules: tuple[int | None, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -132,14 +140,19 @@ class Manifest:
             raise ValueError(f"unknown tables {unknown} (tables: {', '.join(TABLES)})")
         if self.kind == "publication" and self.source is None:
             raise ValueError("a publication names its source version")
-        if self.kind == "run" and (self.source, self.previous, self.merged_range) != (None, None, None):
-            raise ValueError("a run's version has no source, previous or merged_range (a publication's)")
+        if self.kind == "run" and (self.source, self.previous, self.merged_range, self.merged_rules) != (
+            None,
+            None,
+            None,
+            None,
+        ):
+            raise ValueError("a run's version has no source, previous, merged_range or merged_rules (a publication's)")
         # Sequences as tuples (given as lists by a writer, read as lists from JSON): a frozen record.
         normal: dict[str, Any] = {
             "tables": {k: _paths(v) for k, v in self.tables.items()},
             "schemas": dict(self.schemas),
         }
-        for name in ("watermarks", "origins", "ledger_batches", "files", "range", "merged_range"):
+        for name in ("watermarks", "origins", "ledger_batches", "files", "range", "merged_range", "merged_rules"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, tuple):
                 normal[name] = tuple(value)
@@ -197,6 +210,7 @@ class Manifest:
             source=_optional_int(data.get("source")),
             previous=_optional_int(data.get("previous")),
             merged_range=_range(data.get("merged_range")),
+            merged_rules=_rules(data.get("merged_rules")),
         )
 
     def entries(self, table: str) -> tuple[str, ...]:

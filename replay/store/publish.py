@@ -62,6 +62,8 @@ class PublishOutcome:
     changed: bool  # False when the source was already the current publication
     corrections: dict[str, int]  # added / changed / retracted
     removed_versions: tuple[int, ...]
+    #: The publication's rows were computed by several rules versions (its manifest's ``merged_rules``).
+    merged_rules: tuple[int | None, ...] | None = None
 
 
 def _fault(point: str) -> None:
@@ -265,6 +267,7 @@ def _publish(root: Path, version: int | None, retain_versions: int | None) -> Pu
             changed=False,
             corrections={},
             removed_versions=(),
+            merged_rules=served.merged_rules,
         )
     publication = None
     for candidate in reversed(list_versions(root)):  # a publication written before a crash, never flipped
@@ -274,6 +277,7 @@ def _publish(root: Path, version: int | None, retain_versions: int | None) -> Pu
             break
     if publication is None:
         publication = _write_publication(root, v, manifest, config, previous)
+    merged_rules = read_manifest(root, publication).merged_rules
     counts = {"added": 0, "changed": 0, "retracted": 0}
     for change in read_table(root, "corrections", publication)["change"].to_pylist():
         counts[change] += 1
@@ -288,7 +292,17 @@ def _publish(root: Path, version: int | None, retain_versions: int | None) -> Pu
         changed=True,
         corrections=counts,
         removed_versions=removed,
+        merged_rules=merged_rules,
     )
+
+
+def _merged_rules(previous: Manifest, rules: int | None) -> tuple[int | None, ...] | None:
+    """The rules versions of a publication that keeps rows of ``previous`` (a publication) beside
+    rows computed by ``rules``, ascending with ``None`` first, if there are several; else ``None``."""
+    versions = set(previous.merged_rules or (previous.rules,)) | {rules}
+    if len(versions) == 1:
+        return None
+    return tuple(sorted(versions, key=lambda r: -1 if r is None else r))
 
 
 def _write_publication(root: Path, v: int, manifest: Manifest, config: JobConfig, previous: int | None) -> int:
@@ -301,8 +315,9 @@ def _write_publication(root: Path, v: int, manifest: Manifest, config: JobConfig
     after = read_table(root, "windows", v)
     before = read_table(root, "windows", previous) if previous is not None else None
     merged = (start is not None or end is not None) and previous is not None
+    merged_rules = None
     if merged:
-        assert before is not None
+        assert before is not None and previous is not None
         kept = before.filter(pc.invert(_in_range(before, start, end))) if before.num_rows else before
         after = (
             pa.concat_tables([kept.select(after.schema.names).cast(after.schema), after]) if kept.num_rows else after
@@ -312,6 +327,7 @@ def _write_publication(root: Path, v: int, manifest: Manifest, config: JobConfig
         tables["windows"] = (windows_rel,)
         late_before = read_table(root, "late", previous)
         late_after = read_table(root, "late", v)
+        late_kept = late_before
         if late_before.num_rows:
             late_kept = late_before.filter(pc.invert(_late_in_range(late_before, config, start, end)))
             late_after = pa.concat_tables(
@@ -320,6 +336,8 @@ def _write_publication(root: Path, v: int, manifest: Manifest, config: JobConfig
         late_rel = f"data/late/publication-v{v:06d}-{token}.parquet"
         write_parquet_atomic(late_after, root / late_rel)
         tables["late"] = (late_rel,)
+        if kept.num_rows or late_kept.num_rows:  # rows the previous publication's rules computed
+            merged_rules = _merged_rules(read_manifest(root, previous), manifest.rules)
     fixes = corrections(before, after)
     corrections_rel = f"data/corrections/publication-v{v:06d}-{token}.parquet"
     write_parquet_atomic(fixes, root / corrections_rel)
@@ -331,6 +349,7 @@ def _write_publication(root: Path, v: int, manifest: Manifest, config: JobConfig
         source=v,
         previous=previous,
         merged_range=(start, end) if merged else None,
+        merged_rules=merged_rules,
         tables=tables,
         schemas=dict(manifest.schemas) | {"corrections": encode_schema(fixes.schema)},
     )

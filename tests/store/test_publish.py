@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import shutil
 from dataclasses import replace
@@ -11,10 +12,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
 
 from replay import parse_config, run
+from replay.cli import app
 from replay.core.config import JobConfig
 from replay.core.errors import PublicationError
+from replay.core.rules import RULES_VERSION
+from replay.quality.report import write_report
 from replay.quality.validate import ValidationOutcome, validate
 from replay.store.durable import signed
 from replay.store.outputs import current_version, list_versions, read_manifest, read_table
@@ -146,6 +151,7 @@ def test_a_range_backfill_after_a_buffer_was_added_corrects_exactly_the_changed_
     assert current_version(out) == 2 and read_table(out, "windows").equals(before)
     outcome = publish(out, 3)
     assert (outcome.publication, outcome.previous, list_versions(out)) == (4, 2, [1, 2, 3, 4])  # reused, not redone
+    assert outcome.merged_rules is None and read_manifest(out, 4).merged_rules is None  # one rules version
 
     # What a full replay of the changed archive gives inside the range is what must change, and nothing else.
     full_out = tmp_path / "full"
@@ -190,6 +196,52 @@ def test_a_range_backfill_after_a_buffer_was_added_corrects_exactly_the_changed_
     assert not any((out / entry).exists() for entry in only_two)
     assert read_table(out, "windows").equals(read_table(out, "windows", 1))
     assert read_table(out, "windows", 4).num_rows == len(published_rows)
+
+
+def test_a_range_merged_into_a_publication_of_other_rules_names_both(
+    published: tuple[JobConfig, Path], tmp_path: Path, spark: Any
+) -> None:
+    """A range backfill after an upgrade: the publication it corrects was made by a Replay from
+    before rules were versioned (its manifest names none). The merged publication lists both
+    versions, and ``replay publish`` says so; publishing a whole replay afterwards lists one again."""
+    config, _ = published
+    out = tmp_path / "out"
+    shutil.copytree(str(config.output), out)
+    for v in (1, 2):  # as an earlier Replay wrote them: no rules field
+        old = read_manifest(out, v)
+        document = signed({k: x for k, x in old.to_json().items() if k != "rules"}, old.format_version)
+        (out / "versions" / f"{v:06d}.json").write_text(json.dumps(document), encoding="utf-8")
+        assert read_manifest(out, v).rules is None
+    before = read_table(out, "windows", 2)
+    starts = sorted({t.value for t in before["window_start"]})
+    start = starts[len(starts) // 2] // 1_000_000 * 1_000_000
+    run(config.with_overrides(output=str(out), checkpoint=str(tmp_path / "range")), spark=spark, start=start)
+    assert validate(out, 3, spark=spark).success
+
+    published_cli = CliRunner().invoke(app, ["publish", str(out), "--version", "3"])
+    assert published_cli.exit_code == 0, published_cli.output
+    merged = read_manifest(out, current_version(out))
+    assert merged.merged_range == (start, None) and merged.rules == RULES_VERSION
+    assert merged.merged_rules == (None, RULES_VERSION)
+    assert f"note: the publication's rows were computed by unversioned rules, rules {RULES_VERSION}" in (
+        published_cli.stderr
+    )
+    assert json.loads((out / "versions" / f"{merged.version:06d}.json").read_text())["merged_rules"] == [
+        None,
+        RULES_VERSION,
+    ]
+
+    page = html.unescape(write_report(out, None, tmp_path / "report").read_text())
+    assert f"unversioned rules, rules {RULES_VERSION}: the merged range's rows by rules {RULES_VERSION}" in page
+
+    # Publishing the run again names the mix again; a whole replay (no range) has one set of rules.
+    assert publish(out, 3).merged_rules == (None, RULES_VERSION)
+    run(config.with_overrides(output=str(out), checkpoint=str(tmp_path / "whole")), spark=spark)
+    whole = list_versions(out)[-1]
+    assert validate(out, whole, spark=spark).success
+    outcome = publish(out, whole)
+    assert outcome.changed and outcome.merged_rules is None
+    assert read_manifest(out, outcome.publication).merged_rules is None
 
 
 def test_a_range_finds_the_late_rows_event_time_under_the_archives_own_column_name() -> None:

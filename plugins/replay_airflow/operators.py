@@ -392,13 +392,15 @@ class ReplayPublishOperator(_OutputOperator):
             "changed": outcome.changed,
             "corrections": outcome.corrections,
             "removed_versions": list(outcome.removed_versions),
+            "rules": outcome.rules,
             "merged_rules": None if outcome.merged_rules is None else list(outcome.merged_rules),
         }
         self.log.info("published %s", result)
         if outcome.merged_rules:
-            from replay.core.rules import mixed_rules
+            from replay.core.rules import ONE_RULES_TODO, mixed_rules
 
-            self.log.warning("%s", mixed_rules(outcome.merged_rules))
+            mixed = mixed_rules(outcome.merged_rules, outcome.rules)
+            self.log.warning("the publication's rows were computed by %s; %s", mixed, ONE_RULES_TODO)
         if outcome.changed:
             from replay_airflow.records import record_task
 

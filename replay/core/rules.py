@@ -11,7 +11,7 @@ changed in ``CHANGES``.
 
 from __future__ import annotations
 
-__all__ = ["CHANGES", "RULES_VERSION", "changes_since", "mixed_rules", "rules_name"]
+__all__ = ["CHANGES", "ONE_RULES_TODO", "RULES_VERSION", "changes_since", "mixed_rules", "rules_name"]
 
 #: The rules this Replay computes by.
 RULES_VERSION = 1
@@ -37,12 +37,14 @@ def rules_name(version: int | None) -> str:
     return "unversioned rules" if version is None else f"rules {version}"
 
 
-def mixed_rules(versions: tuple[int | None, ...]) -> str:
-    """What a publication whose rows several rules ``versions`` computed says about them: a range
-    backfill's rows, merged into a publication made by an earlier release (docs/outputs.md#rules-version)."""
+def mixed_rules(versions: tuple[int | None, ...], merged: int | None) -> str:
+    """The rules ``versions`` of a publication's rows, where a range computed by rules ``merged`` was
+    merged into a publication made by other rules (docs/outputs.md#rules-version)."""
     names = ", ".join(rules_name(v) for v in versions)
-    return (
-        f"the publication's rows were computed by {names}: the merged range's by its run's rules, the rows "
-        "kept from the previous publication by those it was made with; to publish rows of one rules "
-        "version, replay the whole archive into a new --checkpoint and publish that version"
-    )
+    return f"{names}: the merged range's rows by {rules_name(merged)}, the others as the previous publication's"
+
+
+#: What to do about a publication whose rows several rules versions computed.
+ONE_RULES_TODO = (
+    "to publish rows of one rules version, replay the whole archive into a new --checkpoint and publish that version"
+)

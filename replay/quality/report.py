@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replay.core.errors import storage_errors
-from replay.core.rules import rules_name
+from replay.core.rules import mixed_rules, rules_name
 from replay.core.timeutil import format_ts
 from replay.quality.charts import REASON_COLOURS
 from replay.quality.report_tables import (
@@ -133,8 +133,7 @@ def _header(root: Path, number: int, manifest: Manifest) -> dict[str, Any]:
 def _rules(manifest: Manifest) -> str:
     """The rules version(s) the version's rows were computed by (docs/outputs.md#rules-version)."""
     if manifest.merged_rules:
-        mixed = ", ".join(rules_name(v) for v in manifest.merged_rules)
-        return f"{mixed}: the merged range's rows by {rules_name(manifest.rules)}, the others by earlier ones"
+        return mixed_rules(manifest.merged_rules, manifest.rules)
     return rules_name(manifest.rules)
 
 

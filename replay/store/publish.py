@@ -62,8 +62,10 @@ class PublishOutcome:
     changed: bool  # False when the source was already the current publication
     corrections: dict[str, int]  # added / changed / retracted
     removed_versions: tuple[int, ...]
-    #: The publication's rows were computed by several rules versions (its manifest's ``merged_rules``).
+    #: The publication's rows were computed by several rules versions (its manifest's ``merged_rules``),
+    #: the merged range's by ``rules`` (its source's).
     merged_rules: tuple[int | None, ...] | None = None
+    rules: int | None = None
 
 
 def _fault(point: str) -> None:
@@ -268,6 +270,7 @@ def _publish(root: Path, version: int | None, retain_versions: int | None) -> Pu
             corrections={},
             removed_versions=(),
             merged_rules=served.merged_rules,
+            rules=served.rules,
         )
     publication = None
     for candidate in reversed(list_versions(root)):  # a publication written before a crash, never flipped
@@ -277,7 +280,7 @@ def _publish(root: Path, version: int | None, retain_versions: int | None) -> Pu
             break
     if publication is None:
         publication = _write_publication(root, v, manifest, config, previous)
-    merged_rules = read_manifest(root, publication).merged_rules
+    written = read_manifest(root, publication)
     counts = {"added": 0, "changed": 0, "retracted": 0}
     for change in read_table(root, "corrections", publication)["change"].to_pylist():
         counts[change] += 1
@@ -292,7 +295,8 @@ def _publish(root: Path, version: int | None, retain_versions: int | None) -> Pu
         changed=True,
         corrections=counts,
         removed_versions=removed,
-        merged_rules=merged_rules,
+        merged_rules=written.merged_rules,
+        rules=written.rules,
     )
 
 

@@ -140,12 +140,8 @@ class Manifest:
             raise ValueError(f"unknown tables {unknown} (tables: {', '.join(TABLES)})")
         if self.kind == "publication" and self.source is None:
             raise ValueError("a publication names its source version")
-        if self.kind == "run" and (self.source, self.previous, self.merged_range, self.merged_rules) != (
-            None,
-            None,
-            None,
-            None,
-        ):
+        publication_fields = (self.source, self.previous, self.merged_range, self.merged_rules)
+        if self.kind == "run" and any(value is not None for value in publication_fields):
             raise ValueError("a run's version has no source, previous, merged_range or merged_rules (a publication's)")
         # Sequences as tuples (given as lists by a writer, read as lists from JSON): a frozen record.
         normal: dict[str, Any] = {

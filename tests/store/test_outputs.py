@@ -86,9 +86,10 @@ RUN: dict[str, Any] = {
     "rules": 1,
 }
 PUBLICATION = RUN | {"version": 2, "kind": "publication", "source": 1, "previous": None, "merged_range": None}
+MERGED = PUBLICATION | {"previous": 2, "merged_range": [5, None], "merged_rules": [None, 1]}
 
 
-@pytest.mark.parametrize("payload", [RUN, PUBLICATION], ids=["run", "publication"])
+@pytest.mark.parametrize("payload", [RUN, PUBLICATION, MERGED], ids=["run", "publication", "merged"])
 def test_a_manifest_is_written_byte_for_byte_as_earlier_replays_wrote_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, payload: dict[str, Any]
 ) -> None:
@@ -128,6 +129,7 @@ def test_a_manifest_is_checked_at_construction(tmp_path: Path) -> None:
         {"tables": {"windows": "data/windows/a"}},
         {"kind": "publication"},  # without its source
         {"source": 1},  # a run's version
+        {"merged_rules": (None, 1)},  # a run's version
         {"format_version": MANIFEST_FORMAT_VERSION + 1},
     ):
         with pytest.raises((TypeError, ValueError)):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from replay.core.rules import ONE_RULES_TODO, mixed_rules
+from replay.core.rules import publication_note
 
 if TYPE_CHECKING:
     from replay.core.errors import ReplayError
@@ -258,5 +258,4 @@ def print_publication(outcome: PublishOutcome) -> None:
         + (f"; removed versions {', '.join(map(str, outcome.removed_versions))}" if outcome.removed_versions else "")
     )
     if outcome.merged_rules:
-        mixed = mixed_rules(outcome.merged_rules, outcome.rules)
-        typer.echo(f"note: the publication's rows were computed by {mixed}; {ONE_RULES_TODO}", err=True)
+        typer.echo(f"note: {publication_note(outcome.merged_rules, outcome.rules)}", err=True)

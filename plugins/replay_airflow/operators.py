@@ -397,10 +397,9 @@ class ReplayPublishOperator(_OutputOperator):
         }
         self.log.info("published %s", result)
         if outcome.merged_rules:
-            from replay.core.rules import ONE_RULES_TODO, mixed_rules
+            from replay.core.rules import publication_note
 
-            mixed = mixed_rules(outcome.merged_rules, outcome.rules)
-            self.log.warning("the publication's rows were computed by %s; %s", mixed, ONE_RULES_TODO)
+            self.log.warning("%s", publication_note(outcome.merged_rules, outcome.rules))
         if outcome.changed:
             from replay_airflow.records import record_task
 

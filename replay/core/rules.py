@@ -11,7 +11,7 @@ changed in ``CHANGES``.
 
 from __future__ import annotations
 
-__all__ = ["CHANGES", "ONE_RULES_TODO", "RULES_VERSION", "changes_since", "mixed_rules", "rules_name"]
+__all__ = ["CHANGES", "RULES_VERSION", "changes_since", "mixed_rules", "publication_note", "rules_name"]
 
 #: The rules this Replay computes by.
 RULES_VERSION = 1
@@ -34,7 +34,7 @@ def changes_since(version: int | None) -> list[str]:
 
 def rules_name(version: int | None) -> str:
     """A rules version as the outputs and messages name it (``None``: from before rules were versioned)."""
-    return "unversioned rules" if version is None else f"rules {version}"
+    return "rules from before they were versioned" if version is None else f"rules {version}"
 
 
 def mixed_rules(versions: tuple[int | None, ...], merged: int | None) -> str:
@@ -44,7 +44,9 @@ def mixed_rules(versions: tuple[int | None, ...], merged: int | None) -> str:
     return f"{names}: the merged range's rows by {rules_name(merged)}, the others as the previous publication's"
 
 
-#: What to do about a publication whose rows several rules versions computed.
-ONE_RULES_TODO = (
-    "to publish rows of one rules version, replay the whole archive into a new --checkpoint and publish that version"
-)
+def publication_note(versions: tuple[int | None, ...], merged: int | None) -> str:
+    """``replay publish``'s note (and the Airflow publish task's warning) on such a publication."""
+    return (
+        f"the publication's rows were computed by {mixed_rules(versions, merged)}; to publish rows of one rules "
+        "version, replay the whole archive into a new --checkpoint and publish that version"
+    )

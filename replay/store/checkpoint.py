@@ -44,7 +44,7 @@ from replay.core.errors import (
     IncompatibleCheckpointError,
     Location,
 )
-from replay.core.rules import RULES_VERSION, changes_since
+from replay.core.rules import RULES_VERSION, changes_since, rules_name
 from replay.store.batch_log import LOG_NAME, append_log, read_log
 from replay.store.durable import RECORD_FORMAT_VERSION, fsync_dir, read_record, read_typed, write_record
 from replay.store.lock import LockInfo, single_writer
@@ -93,8 +93,10 @@ def _other_rules(root: Path, rules: Any) -> IncompatibleCheckpointError:
         todo = "run it with that Replay release or a later one, or replay from scratch with a new --checkpoint"
     else:
         since = "; ".join(changes_since(rules if isinstance(rules, int) else None))
-        written = f"rules {rules}" if rules is not None else "rules from before they were versioned"
-        said = f"an earlier Replay ({written}); this one computes by rules {RULES_VERSION}, which changed: {since}"
+        said = (
+            f"an earlier Replay ({rules_name(rules)}); this one computes by {rules_name(RULES_VERSION)}, "
+            f"which changed: {since}"
+        )
         todo = (
             "finish the replay with the Replay release that wrote the checkpoint, or replay from scratch "
             "with a new --checkpoint and a new --output (what the old checkpoint published stays as it is)"

@@ -260,27 +260,30 @@ def _publish(root: Path, version: int | None, retain_versions: int | None) -> Pu
     config = JobConfig.model_validate(manifest.config)
     keep = retain_versions if retain_versions is not None else config.publication.retain_versions
     previous = current_version(root)
-    if previous is not None and (served := read_manifest(root, previous)).source == v:
-        return PublishOutcome(
-            output=str(root),
-            source=v,
-            publication=previous,
-            previous=served.previous,
-            changed=False,
-            corrections={},
-            removed_versions=(),
-            merged_rules=served.merged_rules,
-            rules=served.rules,
-        )
-    publication = None
+    served = None  # the current publication's manifest
+    if previous is not None:
+        served = read_manifest(root, previous)
+        if served.source == v:
+            return PublishOutcome(
+                output=str(root),
+                source=v,
+                publication=previous,
+                previous=served.previous,
+                changed=False,
+                corrections={},
+                removed_versions=(),
+                merged_rules=served.merged_rules,
+                rules=served.rules,
+            )
+    written = None
     for candidate in reversed(list_versions(root)):  # a publication written before a crash, never flipped
         m = read_manifest(root, candidate)
         if m.kind == "publication" and m.source == v and m.previous == previous:
-            publication = candidate
+            written = m
             break
-    if publication is None:
-        publication = _write_publication(root, v, manifest, config, previous)
-    written = read_manifest(root, publication)
+    if written is None:
+        written = _write_publication(root, v, manifest, config, previous, served)
+    publication = written.version
     counts = {"added": 0, "changed": 0, "retracted": 0}
     for change in read_table(root, "corrections", publication)["change"].to_pylist():
         counts[change] += 1
@@ -309,8 +312,11 @@ def _merged_rules(previous: Manifest, rules: int | None) -> tuple[int | None, ..
     return tuple(sorted(versions, key=lambda r: -1 if r is None else r))
 
 
-def _write_publication(root: Path, v: int, manifest: Manifest, config: JobConfig, previous: int | None) -> int:
-    """Write the publication of run version ``v`` (``manifest``) after ``previous``; return its number."""
+def _write_publication(
+    root: Path, v: int, manifest: Manifest, config: JobConfig, previous: int | None, served: Manifest | None
+) -> Manifest:
+    """Write the publication of run version ``v`` (``manifest``) after ``previous`` (whose manifest
+    is ``served``); return its manifest as written."""
     import pyarrow.compute as pc
 
     token = secrets.token_hex(4)
@@ -321,7 +327,7 @@ def _write_publication(root: Path, v: int, manifest: Manifest, config: JobConfig
     merged = (start is not None or end is not None) and previous is not None
     merged_rules = None
     if merged:
-        assert before is not None and previous is not None
+        assert before is not None and served is not None
         kept = before.filter(pc.invert(_in_range(before, start, end))) if before.num_rows else before
         after = (
             pa.concat_tables([kept.select(after.schema.names).cast(after.schema), after]) if kept.num_rows else after
@@ -341,7 +347,7 @@ def _write_publication(root: Path, v: int, manifest: Manifest, config: JobConfig
         write_parquet_atomic(late_after, root / late_rel)
         tables["late"] = (late_rel,)
         if kept.num_rows or late_kept.num_rows:  # rows the previous publication's rules computed
-            merged_rules = _merged_rules(read_manifest(root, previous), manifest.rules)
+            merged_rules = _merged_rules(served, manifest.rules)
     fixes = corrections(before, after)
     corrections_rel = f"data/corrections/publication-v{v:06d}-{token}.parquet"
     write_parquet_atomic(fixes, root / corrections_rel)
@@ -357,4 +363,4 @@ def _write_publication(root: Path, v: int, manifest: Manifest, config: JobConfig
         tables=tables,
         schemas=dict(manifest.schemas) | {"corrections": encode_schema(fixes.schema)},
     )
-    return write_manifest(root, publication).version
+    return write_manifest(root, publication)

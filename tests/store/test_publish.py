@@ -223,7 +223,10 @@ def test_a_range_merged_into_a_publication_of_other_rules_names_both(
     merged = read_manifest(out, current_version(out))
     assert merged.merged_range == (start, None) and merged.rules == RULES_VERSION
     assert merged.merged_rules == (None, RULES_VERSION)
-    said = f"unversioned rules, rules {RULES_VERSION}: the merged range's rows by rules {RULES_VERSION}, the others"
+    said = (
+        f"rules from before they were versioned, rules {RULES_VERSION}: the merged range's rows by rules "
+        f"{RULES_VERSION}, the others"
+    )
     assert f"note: the publication's rows were computed by {said}" in published_cli.stderr
     assert "replay the whole archive into a new --checkpoint" in published_cli.stderr
     assert json.loads((out / "versions" / f"{merged.version:06d}.json").read_text())["merged_rules"] == [

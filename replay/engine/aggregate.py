@@ -40,12 +40,12 @@ aggregation the number of windows emitted and left open and the tuples they own.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from replay.core.config import JobConfig
-from replay.engine import float_sum, pass_counts, pass_query
+from replay.engine import float_sum, pass_counts, pass_query, unsummable
 from replay.engine.archive import ArchiveLayout
 from replay.engine.archive_files import read_failure
 from replay.engine.passes import PassWork, SpecCounts, WorkResult
@@ -53,7 +53,7 @@ from replay.engine.sink import RESULT_SCHEMA, Written, keep_only, sink, storage_
 from replay.engine.spark import follow_cores
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 __all__ = ["run_pass"]
@@ -97,7 +97,7 @@ def run_pass(
             failure: Exception | None = (
                 storage_failure(exc)
                 or read_failure(exc, {reported: ours for ours, reported in spark_paths.items()})
-                or float_sum.failure(exc, summed)
+                or float_sum.failure(exc, summed, locate(query.rows, work, config, layout))
             )
             if failure is None:
                 raise
@@ -123,6 +123,16 @@ def run_pass(
     else:
         counts = taken_apart(observed_counts | by_batch)
     return pass_counts.results(work, specs, len(layout.keys), written, counts)
+
+
+def locate(
+    rows: DataFrame | None, work: PassWork, config: JobConfig, layout: ArchiveLayout
+) -> Callable[[str], unsummable.Found | None] | None:
+    """Where a failed pass's first value of a column that cannot be summed is
+    (``replay.engine.unsummable.first``, one more Spark job), for ``float_sum.failure``."""
+    if rows is None:
+        return None
+    return lambda column: unsummable.first(rows, work.reads, config, layout, column)
 
 
 @contextmanager

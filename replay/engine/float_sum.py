@@ -23,9 +23,11 @@ from typing import TYPE_CHECKING
 from replay.core.errors import DataError, Location
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from pyspark.sql import Column
+
+    from replay.engine.unsummable import Found
 
 __all__ = ["LIMBS", "LIMIT", "failure", "limbs", "marker", "total", "unsummable"]
 
@@ -42,12 +44,31 @@ def marker(column: str) -> str:
     return f"replay-unsummable[{column}]"
 
 
-def unsummable(column: str) -> DataError:
-    """``archive.unsummable``: a NaN, an infinity or a value beyond 2^63 in a summed column."""
-    return DataError(
+def unsummable(column: str, found: Found | None = None) -> DataError:
+    """``archive.unsummable``: a NaN, an infinity or a value beyond 2^63 in a summed column; with
+    ``found`` (``replay.engine.unsummable.first``), the first such value's buffer and how many
+    there are."""
+    what = (
         f"column '{column}' holds a NaN, an infinity or a value of magnitude 2^63 or more among the "
-        "values of a window's sum or mean, which are exact sums of finite values below 2^63",
-        where=Location(column=column),
+        "values of a window's sum or mean, which are exact sums of finite values below 2^63"
+    )
+    where = Location(column=column)
+    if found is not None:
+        what += (
+            f": {found.count} such value{'s' if found.count != 1 else ''} among the on-time tuples of the "
+            "batches in progress, the first (by origin, sequence and chunk) in the buffer this error names"
+        )
+        where = Location(
+            file=found.file,
+            origin=found.origin,
+            sequence=found.sequence,
+            chunk=found.chunk,
+            column=column,
+            extra=dict(found.extra()),
+        )
+    return DataError(
+        what,
+        where=where,
         todo=f"replace those values in the archive (or drop the sum and mean of '{column}' from the job); "
         "nothing of the batch in progress was committed, and the next run resumes from the checkpoint",
         code="archive.unsummable",
@@ -58,15 +79,24 @@ def unsummable(column: str) -> DataError:
 _OVERFLOW = ("[ARITHMETIC_OVERFLOW]", "[NUMERIC_VALUE_OUT_OF_RANGE")
 
 
-def failure(error: BaseException, columns: Iterable[str]) -> DataError | None:
-    """``archive.unsummable`` for the first of ``columns`` whose marker ``error`` carries, or for a
-    sum that overflowed its exact type (naming the summed columns: Spark does not say which); else
-    ``None``."""
+def failure(
+    error: BaseException, columns: Iterable[str], locate: Callable[[str], Found | None] | None = None
+) -> DataError | None:
+    """``archive.unsummable`` for the first of ``columns`` whose marker ``error`` carries (with
+    ``locate``, where its first value that cannot be summed is: asked only here, on the error path;
+    a ``locate`` that fails leaves the column alone named), or for a sum that overflowed its exact
+    type (naming the summed columns: Spark does not say which); else ``None``."""
     text = str(error)
     summed = list(dict.fromkeys(columns))
     for column in summed:
         if marker(column) in text:
-            return unsummable(column)
+            found = None
+            if locate is not None:
+                try:
+                    found = locate(column)
+                except Exception:  # the error being reported matters more than where it is
+                    found = None
+            return unsummable(column, found)
     if summed and any(tag in text for tag in _OVERFLOW):
         names = ", ".join(f"'{c}'" for c in summed)
         return DataError(

@@ -62,7 +62,9 @@ class PassQuery:
     and ``ids``: the destinations and their numbers in the union's ``_part`` column; ``metrics``:
     the ledger's counts observed on the way (``None``: none observed); ``derive``: each batch's
     counts follow from the pass's totals and its rows outside every window
-    (``pass_counts.derived``); ``same``: the counts equal to another (``pass_counts.filled``)."""
+    (``pass_counts.derived``); ``same``: the counts equal to another (``pass_counts.filled``);
+    ``rows``: the pass's rows (``rows.pass_rows``) the union reads, for questions asked after a
+    failure (``replay.engine.unsummable``)."""
 
     union: DataFrame | None
     parts: dict[str, Part]
@@ -70,6 +72,7 @@ class PassQuery:
     metrics: Observation | None
     derive: bool
     same: Any
+    rows: DataFrame | None
 
 
 def build(
@@ -95,7 +98,7 @@ def build(
         for frame in builder.branches[1:]:
             union = union.unionByName(frame, allowMissingColumns=True)
     counts = builder.counts
-    return PassQuery(union, builder.parts, builder.ids, counts.metrics, counts.derive, counts.same)
+    return PassQuery(union, builder.parts, builder.ids, counts.metrics, counts.derive, counts.same, builder.rows_frame)
 
 
 class _Builder:

@@ -116,6 +116,46 @@ def test_a_value_that_cannot_be_summed_stops_the_run_naming_its_column(spark: An
     assert raised.value.where.column == "value" and "'value'" in str(raised.value)
 
 
+def _bad_values_archive(archive: Path) -> None:
+    """Two buffers with a NaN in the summed column: sequence 3 (two tuples, the NaN second) and 5;
+    a late NaN (sequence 6, behind the watermark of sequence 5) that no window sums; one file."""
+    events = {1: [1.0], 2: [0.5], 3: [0.25, math.nan], 4: [2.0], 5: [math.nan]}
+    rows: list[dict[str, Any]] = []
+    for seq, values in events.items():
+        at = T0 + (seq - 1) * SECOND
+        rows += buffer_rows(1, seq, watermark=at, events=[(at + 1 + j, 1, v) for j, v in enumerate(values)])
+    rows += buffer_rows(1, 6, watermark=T0 + 4 * SECOND, events=[(T0 + 1, 1, math.nan)])  # late
+    rows += buffer_rows(1, 7, watermark=T0 + 9 * SECOND)
+    write_archive(archive, rows)
+
+
+@pytest.mark.parametrize("max_buffers", [None, 1])
+def test_a_value_that_cannot_be_summed_is_located_in_its_buffer(
+    spark: Any, tmp_path: Path, max_buffers: int | None
+) -> None:
+    """The error names the first buffer (by identity) whose on-time tuple holds the value, its rows
+    in the file, the batch that read it and how many such values the failed pass read: a late NaN
+    is not one (no window sums it), and nothing was committed."""
+    archive = tmp_path / "archive"
+    _bad_values_archive(archive)
+    config = _job(tmp_path, archive, micro_batch={"max_buffers": max_buffers})
+    with pytest.raises(ReplayError) as raised:
+        run(config, spark=spark)
+    error = raised.value
+    assert error.code == "archive.unsummable"
+    (file,) = archive.glob("*.parquet")
+    sequences = pq.read_table(file, columns=["sequence_number"]).column(0).to_pylist()
+    rows = [i for i, s in enumerate(sequences) if s == 3]
+    where = error.where
+    assert (where.file, where.origin, where.sequence, where.chunk, where.column) == (str(file), 1, 3, 1, "value")
+    assert where.extra["rows"] == f"{rows[0]} to {rows[-1]}" and where.extra["value"] == "NaN"
+    if max_buffers is None:  # one batch read both buffers; the late NaN is not counted
+        assert where.extra["batch"] == 1 and "2 such values" in str(error)
+    else:  # a batch per buffer, in sequence order: the third holds the first NaN
+        assert where.extra["batch"] == 3 and re.search(r": [12] such values? ", str(error))
+    assert f"file {file}, origin 1, sequence 3, chunk 1, column value, rows {rows[0]} to {rows[-1]}" in str(error)
+
+
 def test_open_windows_of_the_earlier_float_sums_are_refused(spark: Any, tmp_path: Path) -> None:
     archive = tmp_path / "archive"
     _archive(archive, [[0.25], [0.5]], close=False)  # the second window stays open

@@ -5,6 +5,7 @@ the cache (a known file skipped, a rewritten one scanned again, an entry cut sho
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,26 @@ def test_an_entry_is_given_back_for_the_same_file_and_columns(
     cache.put(str(file), columns, records, FileCache.key(str(file), columns))
     assert cache.get(str(file), columns) == records
     assert FileCache(tmp_path / "cache").get(str(file), columns) == records  # kept on disk
+
+
+def test_an_entry_that_cannot_be_written_leaves_no_temporary_file(
+    tmp_path: Path, scanned: tuple[Path, ScanColumns, pa.Table]
+) -> None:
+    """The entry's name taken by a directory: the write fails with the OS's error, and neither
+    the records nor the hashes leave a temporary file behind; the cache still answers ``None``."""
+    file, columns, records = scanned
+    cache = FileCache(tmp_path / "cache")
+    for suffix in (".arrow", ".hashes.json"):
+        blocked = cache.root / (hashlib.sha256(str(file).encode()).hexdigest()[:32] + suffix)
+        (blocked / "inside").mkdir(parents=True)
+    with pytest.raises(OSError):
+        cache.put(str(file), columns, records, FileCache.key(str(file), columns))
+    with pytest.raises(OSError):
+        cache.put_hashes(str(file), "d1", str(file), {0: "h"}, FileCache.key_of(str(file), "d1"))
+    assert sorted(p.name for p in cache.root.iterdir()) == sorted(
+        hashlib.sha256(str(file).encode()).hexdigest()[:32] + s for s in (".arrow", ".hashes.json")
+    )
+    assert cache.get(str(file), columns) is None
 
 
 def test_an_entry_is_not_given_for_other_columns_or_a_changed_file(

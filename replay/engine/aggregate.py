@@ -40,7 +40,7 @@ aggregation the number of windows emitted and left open and the tuples they own.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +53,7 @@ from replay.engine.sink import RESULT_SCHEMA, Written, keep_only, sink, storage_
 from replay.engine.spark import follow_cores
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
 __all__ = ["run_pass"]
@@ -94,10 +94,15 @@ def run_pass(
             rows = query.union.mapInArrow(sink(parts, query.ids), RESULT_SCHEMA).collect()
         except Exception as exc:  # a task that could not write, or read: reported as the error it is
             summed = [a.column for w in config.windows for a in w.aggregations if a.fn in ("sum", "mean") and a.column]
+            locator = (
+                None
+                if query.rows is None
+                else unsummable.Locator(query.rows, work.reads, config, layout, query.windows)
+            )
             failure: Exception | None = (
                 storage_failure(exc)
                 or read_failure(exc, {reported: ours for ours, reported in spark_paths.items()})
-                or float_sum.failure(exc, summed, locate(query.rows, work, config, layout))
+                or float_sum.failure(exc, summed, locator)
             )
             if failure is None:
                 raise
@@ -123,16 +128,6 @@ def run_pass(
     else:
         counts = taken_apart(observed_counts | by_batch)
     return pass_counts.results(work, specs, len(layout.keys), written, counts)
-
-
-def locate(
-    rows: DataFrame | None, work: PassWork, config: JobConfig, layout: ArchiveLayout
-) -> Callable[[str], unsummable.Found | None] | None:
-    """Where a failed pass's first value of a column that cannot be summed is
-    (``replay.engine.unsummable.first``, one more Spark job), for ``float_sum.failure``."""
-    if rows is None:
-        return None
-    return lambda column: unsummable.first(rows, work.reads, config, layout, column)
 
 
 @contextmanager

@@ -18,7 +18,8 @@ several is within a few units in the last place of the exact sum of the truncate
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar
 
 from replay.core.errors import DataError, Location
 
@@ -27,9 +28,11 @@ if TYPE_CHECKING:
 
     from pyspark.sql import Column
 
-    from replay.engine.unsummable import Found
+    from replay.engine.unsummable import Found, Locator
 
 __all__ = ["LIMBS", "LIMIT", "failure", "limbs", "marker", "total", "unsummable"]
+
+T = TypeVar("T")
 
 #: The number of limbs: the integer part and three 32-bit fraction limbs (2^-96 resolution).
 LIMBS = 4
@@ -76,38 +79,52 @@ def unsummable(column: str, found: Found | None = None) -> DataError:
 
 
 #: Spark's errors (ANSI mode) for a sum beyond its type: a long's 2^63, a decimal's 38 digits.
-_OVERFLOW = ("[ARITHMETIC_OVERFLOW]", "[NUMERIC_VALUE_OUT_OF_RANGE")
+OVERFLOW = ("[ARITHMETIC_OVERFLOW]", "[NUMERIC_VALUE_OUT_OF_RANGE")
 
 
-def failure(
-    error: BaseException, columns: Iterable[str], locate: Callable[[str], Found | None] | None = None
-) -> DataError | None:
-    """``archive.unsummable`` for the first of ``columns`` whose marker ``error`` carries (with
-    ``locate``, where its first value that cannot be summed is: asked only here, on the error path;
-    a ``locate`` that fails leaves the column alone named), or for a sum that overflowed its exact
-    type (naming the summed columns: Spark does not say which); else ``None``."""
+def failure(error: BaseException, columns: Iterable[str], locator: Locator | None = None) -> DataError | None:
+    """``archive.unsummable`` for the first of ``columns`` whose marker ``error`` carries, or for a
+    sum that overflowed its exact type; else ``None``. With ``locator`` (the failed pass's, asked
+    only here, on the error path), the first value that cannot be summed is located in its buffer,
+    and the sums that overflow are named; a question that fails, or finds nothing, leaves the
+    column (or every summed column) named as Spark's error allows."""
     text = str(error)
     summed = list(dict.fromkeys(columns))
     for column in summed:
         if marker(column) in text:
-            found = None
-            if locate is not None:
-                try:
-                    found = locate(column)
-                except Exception:  # the error being reported matters more than where it is
-                    found = None
-            return unsummable(column, found)
-    if summed and any(tag in text for tag in _OVERFLOW):
-        names = ", ".join(f"'{c}'" for c in summed)
+            return unsummable(column, _asked(partial(locator.first, column)) if locator else None)
+    if summed and any(tag in text for tag in OVERFLOW):
+        pairs = (_asked(locator.overflowing) if locator else None) or []
+        named = list(dict.fromkeys(c for _, c in pairs)) or summed
+        names = ", ".join(f"'{c}'" for c in named)
+        sums = ", ".join(f"'{c}' in window aggregation '{w}'" for w, c in pairs)
+        if not pairs:
+            what = f"a window's sum over {names} does not fit its exact type"
+        elif len(pairs) == 1:
+            what = f"the sum of {sums} over a window does not fit its exact type"
+        else:
+            what = f"the sums of {sums} over a window do not fit their exact types"
         return DataError(
-            f"a window's sum over {names} does not fit its exact type: integers (and a float's integer "
-            "parts) are summed as 64-bit integers, below 2^63 in magnitude, decimals as decimal(38, s)",
-            where=Location(column=summed[0] if len(summed) == 1 else None),
+            what + ": integers (and a float's integer parts) are summed as 64-bit integers, below 2^63 in "
+            "magnitude, decimals as decimal(38, s)",
+            where=Location(
+                column=named[0] if len(named) == 1 else None,
+                extra={"window": pairs[0][0]} if len({w for w, _ in pairs}) == 1 else {},
+            ),
             todo="use smaller windows or scale the column down in the archive (or drop its sum and mean from "
             "the job); nothing of the batch in progress was committed, and the next run resumes from the checkpoint",
             code="archive.unsummable",
         )
     return None
+
+
+def _asked(question: Callable[[], T]) -> T | None:
+    """``question()``, or ``None`` when it fails: the error being reported matters more than where
+    it is."""
+    try:
+        return question()
+    except Exception:
+        return None
 
 
 def limbs(value: Column, column: str) -> list[Column]:

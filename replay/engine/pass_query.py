@@ -63,8 +63,9 @@ class PassQuery:
     the ledger's counts observed on the way (``None``: none observed); ``derive``: each batch's
     counts follow from the pass's totals and its rows outside every window
     (``pass_counts.derived``); ``same``: the counts equal to another (``pass_counts.filled``);
-    ``rows``: the pass's rows (``rows.pass_rows``) the union reads, for questions asked after a
-    failure (``replay.engine.unsummable``)."""
+    ``rows`` and ``windows``: the pass's rows (``rows.pass_rows``) the union reads and each window
+    aggregation's columns in them (by its index in the job), for questions asked after a failure
+    (``replay.engine.unsummable``)."""
 
     union: DataFrame | None
     parts: dict[str, Part]
@@ -73,6 +74,7 @@ class PassQuery:
     derive: bool
     same: Any
     rows: DataFrame | None
+    windows: dict[int, WindowColumns]
 
 
 def build(
@@ -97,8 +99,8 @@ def build(
         union = builder.branches[0]
         for frame in builder.branches[1:]:
             union = union.unionByName(frame, allowMissingColumns=True)
-    counts = builder.counts
-    return PassQuery(union, builder.parts, builder.ids, counts.metrics, counts.derive, counts.same, builder.rows_frame)
+    b, counts = builder, builder.counts
+    return PassQuery(union, b.parts, b.ids, counts.metrics, counts.derive, counts.same, b.rows_frame, b.spec_cols)
 
 
 class _Builder:

@@ -1,11 +1,16 @@
-"""Where a value that cannot be summed sits, asked only after a pass failed on one.
+"""Where a pass's sums failed, asked only after they did (``Locator``).
 
 A window's exact float sum stops the job on a NaN, an infinity or a value of magnitude 2^63 or
 more (``replay.engine.float_sum``). Spark's error names the column only; a user with one such
-value among millions of rows needs its buffer. ``first`` reads the failed pass's rows again,
-keeps the on-time tuples (the only ones a window sums) whose value in the column cannot be
-summed, and returns the first of them by buffer identity with how many there are: one more Spark
-job, on the error path only. The hot path is unchanged.
+value among millions of rows needs its buffer. ``Locator.first`` reads the failed pass's rows
+again, keeps the on-time tuples (the only ones a window sums) whose value in the column cannot
+be summed, and returns the first of them by buffer identity with how many there are.
+
+A window's sum beyond its exact type (a long's 2^63, a decimal's 38 digits) stops the job too, and
+Spark's error does not say which sum it was. ``Locator.overflowing`` sums the pass's on-time
+tuples per window again, one summed column at a time, and says which overflow.
+
+Each is one more Spark job per question, on the error path only: the pass's query is unchanged.
 """
 
 from __future__ import annotations
@@ -14,16 +19,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from replay.core.config import JobConfig
+from replay.core.config import Aggregation, JobConfig
 from replay.engine.archive import ArchiveLayout
-from replay.engine.float_sum import LIMIT
+from replay.engine.float_sum import LIMIT, OVERFLOW
 from replay.engine.passes import Reads
 from replay.engine.rows import q
+from replay.engine.windows import WindowColumns, partials
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["Found", "first"]
+__all__ = ["Found", "Locator"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,36 +58,76 @@ class Found:
         return said
 
 
-def first(rows: DataFrame, reads: Reads, config: JobConfig, layout: ArchiveLayout, column: str) -> Found | None:
-    """The first value of ``column`` that cannot be summed among the on-time tuples of ``rows`` (a
-    pass's rows, ``replay.engine.rows.pass_rows``) for the keys whose windows sum it; ``None``
-    when there is none (the failure came from elsewhere)."""
-    from pyspark.sql import functions as F
+@dataclass(frozen=True, slots=True)
+class Locator:
+    """The questions ``float_sum.failure`` asks of a failed pass: its rows (``rows.pass_rows``), the
+    copies it read, the job and, per window aggregation (by its index in the job), its physical
+    columns as the pass used them."""
 
-    keys = {k.name: i for i, k in enumerate(layout.keys)}
-    summing = {
-        keys[w.wm_key] for w in config.windows for a in w.aggregations if a.fn in ("sum", "mean") and a.column == column
-    }
-    if not summing:
-        return None
-    on_time = F.lit(False)
-    for i in sorted(summing):
-        on_time = on_time | F.col(f"_on{i}")
-    value = q(column).cast("double")
-    # ``F.abs(NaN) < LIMIT`` is false: Spark orders NaN above everything.
-    bad = value.isNotNull() & ~(F.abs(value) < F.lit(LIMIT)) & on_time
-    identity = F.struct(
-        q(layout.origin_id).cast("long").alias("o"),
-        q(layout.sequence_number).cast("long").alias("s"),
-        q(layout.chunk_number).cast("long").alias("c"),
-        F.col("d_batch").alias("b"),
-        value.cast("string").alias("v"),
-    )
-    (row,) = rows.where(bad).agg(F.min(identity).alias("first"), F.count(F.lit(1)).alias("n")).collect()
-    if not row["n"]:
-        return None
-    found = row["first"]
-    return _located(reads, found["o"], found["s"], found["c"], found["b"], found["v"], int(row["n"]))
+    rows: DataFrame
+    reads: Reads
+    config: JobConfig
+    layout: ArchiveLayout
+    windows: Mapping[int, WindowColumns]
+
+    def _key(self, wm_key: str) -> int:
+        return [k.name for k in self.layout.keys].index(wm_key)
+
+    def first(self, column: str) -> Found | None:
+        """The first value of ``column`` that cannot be summed among the on-time tuples for the keys
+        whose windows sum it; ``None`` when there is none (the failure came from elsewhere)."""
+        from pyspark.sql import functions as F
+
+        summing = {
+            self._key(w.wm_key)
+            for w in self.config.windows
+            for a in w.aggregations
+            if a.fn in ("sum", "mean") and a.column == column
+        }
+        if not summing:
+            return None
+        on_time = F.lit(False)
+        for i in sorted(summing):
+            on_time = on_time | F.col(f"_on{i}")
+        value = q(column).cast("double")
+        # ``F.abs(NaN) < LIMIT`` is false: Spark orders NaN above everything.
+        bad = value.isNotNull() & ~(F.abs(value) < F.lit(LIMIT)) & on_time
+        layout = self.layout
+        identity = F.struct(
+            q(layout.origin_id).cast("long").alias("o"),
+            q(layout.sequence_number).cast("long").alias("s"),
+            q(layout.chunk_number).cast("long").alias("c"),
+            F.col("d_batch").alias("b"),
+            value.cast("string").alias("v"),
+        )
+        (row,) = self.rows.where(bad).agg(F.min(identity).alias("first"), F.count(F.lit(1)).alias("n")).collect()
+        if not row["n"]:
+            return None
+        found = row["first"]
+        return _located(self.reads, found["o"], found["s"], found["c"], found["b"], found["v"], int(row["n"]))
+
+    def overflowing(self) -> list[tuple[str, str]]:
+        """The (window aggregation, column) pairs whose sum over the pass's on-time tuples, per
+        window, does not fit its exact type: each summed once more on its own. Windows carried
+        open from an earlier run are not among them: a sum that overflows only once merged with
+        theirs is not found (an empty list)."""
+        from pyspark.sql import functions as F
+
+        found: list[tuple[str, str]] = []
+        for s, spec in enumerate(self.config.windows):
+            columns = dict.fromkeys(a.column for a in spec.aggregations if a.fn in ("sum", "mean") and a.column)
+            for column in columns:
+                alone = spec.model_copy(update={"aggregations": [Aggregation(fn="sum", column=column)]})
+                on_time = F.col(f"_on{self._key(spec.wm_key)}")
+                try:
+                    partials(self.rows, alone, self.windows[s], on_time=on_time).write.format("noop").mode(
+                        "overwrite"
+                    ).save()
+                except Exception as error:
+                    if not any(tag in str(error) for tag in OVERFLOW):
+                        raise
+                    found.append((spec.name, column))
+        return found
 
 
 def _located(reads: Reads, origin: int, sequence: int, chunk: int, batch: int, value: str, count: int) -> Found | None:

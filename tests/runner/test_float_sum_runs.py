@@ -195,3 +195,58 @@ def test_a_sum_beyond_its_exact_type_stops_the_run_naming_its_column(
         run(config, spark=spark)
     assert raised.value.code == "archive.unsummable"
     assert raised.value.where.column == "value" and "'value'" in str(raised.value)
+
+
+def _two_columns_archive(
+    archive: Path, values: list[tuple[Any, Any]], *, first_seq: int = 1, close: bool = True
+) -> None:
+    """One buffer per (value, other) pair, all in window 0 (the first second); the last buffer's
+    watermark closes it when ``close``."""
+    rows: list[dict[str, Any]] = []
+    for j, (value, other) in enumerate(values):
+        event = {"event_time": T0 + 1 + j, "key": 1, "value": value, "other": other}
+        rows += buffer_rows(1, first_seq + j, watermark=T0, events=[event])
+    if close:
+        rows += buffer_rows(1, first_seq + len(values), watermark=T0 + 5 * SECOND)
+    name = f"part-{first_seq:05d}.parquet"
+    write_archive(archive, rows, name=name, types={"value": pa.float64(), "other": pa.int64()})
+
+
+def _two_columns_job(root: Path, archive: Path) -> Any:
+    aggregations = [{"fn": "sum", "column": "value"}, {"fn": "mean", "column": "other"}]
+    return small_job(root, archive, windows=[{"name": "w", "size": "1s", "aggregations": aggregations}])
+
+
+@pytest.mark.parametrize("overflowing", ["value", "other"])
+def test_the_sum_that_overflows_is_named_with_its_window(spark: Any, tmp_path: Path, overflowing: str) -> None:
+    """Two summed columns, one of them beyond 2^63 in a window of the batch: the error names that
+    column and its window aggregation, and not the other."""
+    archive = tmp_path / "archive"
+    big = {"value": 2.0**62, "other": 2**62}
+    small = {"value": 0.5, "other": 3}
+    pair = tuple(big[c] if c == overflowing else small[c] for c in ("value", "other"))
+    _two_columns_archive(archive, [pair, pair])
+    with pytest.raises(ReplayError) as raised:
+        run(_two_columns_job(tmp_path, archive), spark=spark)
+    error = raised.value
+    other = "other" if overflowing == "value" else "value"
+    assert error.code == "archive.unsummable"
+    assert error.where.column == overflowing and error.where.extra == {"window": "w"}
+    assert f"the sum of '{overflowing}' in window aggregation 'w' over a window" in str(error)
+    assert f"'{other}'" not in str(error)
+
+
+def test_a_sum_that_overflows_only_with_an_open_window_names_every_summed_column(spark: Any, tmp_path: Path) -> None:
+    """The window left open by the first run holds 2^62; the second run's tuple of 2^62 overflows
+    only once merged with it, which summing the run's own tuples again cannot find: the error
+    names every summed column, as Spark's error allows."""
+    archive = tmp_path / "archive"
+    _two_columns_archive(archive, [(2.0**62, 1)], close=False)
+    config = _two_columns_job(tmp_path, archive)
+    run(config, spark=spark)
+    _two_columns_archive(archive, [(2.0**62, 1)], first_seq=2)
+    with pytest.raises(ReplayError) as raised:
+        run(config, spark=spark)
+    error = raised.value
+    assert error.code == "archive.unsummable" and error.where.column is None and not error.where.extra
+    assert "a window's sum over 'value', 'other' does not fit" in str(error)

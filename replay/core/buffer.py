@@ -259,9 +259,10 @@ def pack_records(
 class PackedBuffers(Sequence[Buffer]):
     """A sequence of buffers kept as one numpy array of their packed fields (``pack_records``), with
     one file index and one content-hash index (``-1``: none) per buffer: about 90 bytes a buffer
-    with one key, where a ``Buffer`` object took about 190 (docs/performance.md#driver-memory). A
-    ``Buffer`` is made when an item is read and is not kept; slicing and ``take`` share the files
-    and hashes. This is how a run holds the buffers it has not fed yet."""
+    with one key, where a ``Buffer`` object took about 190
+    (docs/performance.md#time-and-driver-memory-by-archive-size). A ``Buffer`` is made when an item
+    is read and is not kept; slicing and ``take`` share the files and hashes. This is how a run
+    holds the buffers it has not fed yet."""
 
     __slots__ = ("_file_of", "_files", "_hash_of", "_hashes", "_records")
 

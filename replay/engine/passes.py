@@ -93,7 +93,7 @@ class Reads(Sequence[Read]):
     thresholds and one of reasons, the deciding batch and the copy id (computed once, for the
     decision table and the ledger). A pass holds the reads of all its batches until its Spark
     action: as objects that was about 400 bytes a copy, and the driver's memory grew with the
-    pass (docs/performance.md#driver-memory). Items are made on reading and are not kept; the
+    pass (docs/performance.md#time-and-driver-memory-by-archive-size). Items are made on reading and are not kept; the
     decision table and the ledger read the arrays."""
 
     __slots__ = ("batches", "buffers", "copy_ids", "reasons", "thresholds")

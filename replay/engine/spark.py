@@ -380,10 +380,10 @@ def driver_arrow_memory() -> None:
     allocates Arrow memory in bursts (the metadata scan's records, each pass's decision table) and
     keeps Python objects in between, so what it kept was resident memory the run never used again:
     the driver's peak grew 7 MiB more from 1M to 30M tuples with it than with the system allocator
-    (docs/performance.md#driver-memory). The variable is set for Arrow's own default and for the
-    processes started from here (the JVM, hence Spark's Python workers, where it measured no
-    slower); pyarrow's default is switched too, for a process whose Arrow is already in use (an
-    Airflow task running ``replay.run``). The command line calls it before its first Arrow
+    (docs/performance.md#time-and-driver-memory-by-archive-size). The variable is set for Arrow's
+    own default and for the processes started from here (the JVM, hence Spark's Python workers,
+    where it measured no slower); pyarrow's default is switched too, for a process whose Arrow is
+    already in use (an Airflow task running ``replay.run``). The command line calls it before its first Arrow
     allocation; ``replay.run`` and ``inspect_archive`` call it first thing. It also fixes glibc's
     threshold for mapped blocks (``_large_blocks_mapped``)."""
     _large_blocks_mapped()

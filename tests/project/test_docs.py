@@ -106,6 +106,22 @@ def test_the_test_files_named_anywhere_exist() -> None:
     assert missing == []
 
 
+def test_the_doc_anchors_named_in_code_exist() -> None:
+    """A comment or docstring that points at a section (``docs/<page>.md#<anchor>``) points at a
+    heading of that page: headings get renamed, and the code's pointers do not show in the pages'
+    own link check."""
+    named = re.compile(rb"(?<![\w/.-])docs/([\w-]+\.md)#([\w-]+)")
+    missing = [
+        f"{path.relative_to(ROOT)}: docs/{page.decode()}#{anchor.decode()}"
+        for path in repository_files()
+        if path.suffix == ".py"
+        for page, anchor in sorted(set(named.findall(path.read_bytes())))
+        if not (ROOT / "docs" / page.decode()).is_file()
+        or anchor.decode() not in anchors(ROOT / "docs" / page.decode())
+    ]
+    assert missing == []
+
+
 def test_slug_follows_github() -> None:
     assert slug("Incremental runs, crashes and late joiners") == "incremental-runs-crashes-and-late-joiners"
     assert slug("`replay digest`") == "replay-digest"

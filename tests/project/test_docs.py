@@ -106,18 +106,18 @@ def test_the_test_files_named_anywhere_exist() -> None:
     assert missing == []
 
 
-def test_the_doc_anchors_named_in_code_exist() -> None:
-    """A comment or docstring that points at a section (``docs/<page>.md#<anchor>``) points at a
-    heading of that page: headings get renamed, and the code's pointers do not show in the pages'
-    own link check."""
-    named = re.compile(rb"(?<![\w/.-])docs/([\w-]+\.md)#([\w-]+)")
+def test_the_doc_pages_and_anchors_named_in_code_exist() -> None:
+    """A comment or docstring that points at a page (``docs/<page>.md``) or a section of one
+    (``...#<anchor>``) points at a page that is there and at one of its headings: headings get
+    renamed, and the code's pointers do not show in the pages' own link check."""
+    named = re.compile(rb"(?<![\w/.-])docs/([\w-]+\.md)(?:#([\w-]+))?")
     missing = [
-        f"{path.relative_to(ROOT)}: docs/{page.decode()}#{anchor.decode()}"
+        f"{path.relative_to(ROOT)}: docs/{page.decode()}{'#' + anchor.decode() if anchor else ''}"
         for path in repository_files()
         if path.suffix == ".py"
         for page, anchor in sorted(set(named.findall(path.read_bytes())))
         if not (ROOT / "docs" / page.decode()).is_file()
-        or anchor.decode() not in anchors(ROOT / "docs" / page.decode())
+        or (anchor and anchor.decode() not in anchors(ROOT / "docs" / page.decode()))
     ]
     assert missing == []
 

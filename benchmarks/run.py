@@ -191,7 +191,7 @@ def _settle(spark: Any) -> None:
     collection hands the shuffles and broadcasts nothing references any more to Spark's cleaner,
     which removes them in the background, outside the next timed run. It did not remove the
     slowdown that followed the one-action-per-batch variant (the following runs took 15 to 40 %
-    longer, the plain batch included); running that variant last did (docs/performance.md)."""
+    longer, the plain batch included); running that variant last did (docs/performance-record.md)."""
     spark.sparkContext._jvm.System.gc()
     time.sleep(1.0)
 
@@ -299,7 +299,7 @@ def bench_run(sizes: list[tuple[int, int]], batches_wanted: int = 20, repeats: i
             )
         measured.append((path, timed, read, buffers, batches))
     # The previous design (one Spark action per batch) last: a session that ran it ran every later
-    # measurement slower, the baselines' too (docs/performance.md), so nothing else follows it.
+    # measurement slower, the baselines' too (docs/performance-record.md), so nothing else follows it.
     for path, timed, _, buffers, _ in measured:
         for attempt in range(repeats + 1):
             summary, seconds = _timed_run(path, max(1, -(-buffers // batches_wanted)), spark, 1)

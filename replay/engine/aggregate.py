@@ -137,7 +137,7 @@ def _static_plan(spark: SparkSession) -> Iterator[None]:
     The pass's plan is known before it starts: the driver decided every copy, the decisions are a
     broadcast (``F.broadcast``) and the rest is one aggregation into one writer. Adaptive execution
     re-planned the whole query after each of its stages (the broadcast, the aggregation's map side)
-    and had nothing to change: 0.1 to 0.15 s of a 10M-tuple pass (docs/performance.md). Without it
+    and had nothing to change: 0.1 to 0.15 s of a 10M-tuple pass (docs/performance-record.md). Without it
     the shuffle has ``spark.sql.shuffle.partitions`` partitions exactly (one per core by default,
     counted now: ``replay.engine.spark.follow_cores``), and the observed counts of a stage that
     produced no rows stay (adaptive execution replaced such a stage by an empty relation, its

@@ -10,7 +10,7 @@
 - Otherwise each batch's counts are a branch of their own (``grouped``), a second read of the
   rows' metadata columns. Observing every batch's sums on every row cost more (10M tuples in 20
   batches, 24 s against 13 to 15 s), and so did grouping the partials by batch as well, whose two
-  consumers Spark did not compute once (docs/performance.md).
+  consumers Spark did not compute once (docs/performance-record.md).
 """
 
 from __future__ import annotations

@@ -154,7 +154,7 @@ def total(sums: list[Column]) -> Column:
 
     Not the correctly rounded sum: that needs Spark's decimal arithmetic here, whose generated code
     made a warm replay of the 10M-tuple benchmark archive 60 % slower even for windows that never
-    took it (docs/performance.md)."""
+    took it (docs/performance-record.md)."""
     from pyspark.sql import functions as F
 
     a0, a1, a2, a3 = (s.cast("double") for s in sums)

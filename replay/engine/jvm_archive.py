@@ -1,5 +1,5 @@
 """A class-data sharing archive for the driver's JVM: Spark's classes mapped from one file at start-up
-instead of read, verified and linked one by one (docs/performance.md#the-jvms-start-up).
+instead of read, verified and linked one by one (docs/performance-record.md#the-jvms-start-up).
 
 Every ``replay`` command that runs Spark, and every Airflow task that calls the library, starts a JVM
 that loads some 15,000 of Spark's classes before its first query ends. Java 17 records the classes a

@@ -176,7 +176,7 @@ def packed(terms: Sequence[tuple[str, Column]], rows: int) -> list[tuple[str, Co
     when the pass reads fewer than 2**31 rows: a sum of either is then at most the pass's rows, so
     ``a`` stays in the low 32 bits and ``b << 32`` below 2**63. Each count is one more aggregate per
     window group of the first window aggregation, where a one-batch pass's counts ride: half as
-    many aggregates (docs/performance.md). ``unpacked`` takes them apart."""
+    many aggregates (docs/performance-record.md). ``unpacked`` takes them apart."""
     from pyspark.sql import functions as F
 
     if rows >= _PACKED_ROWS:

@@ -279,7 +279,7 @@ class _Builder:
         counts = self.counts
         assert counts.metrics is not None
         # Sums over the groups, as SQL text: one py4j call each instead of six or seven
-        # (``docs/performance.md``: building the query's expressions is mostly py4j calls).
+        # (``docs/performance-record.md``: building the query's expressions is mostly py4j calls).
         summed = [(name, f"`_c_{name}`") for name, _ in counts.terms]
         if counts.from_groups:
             punctuation = f"CASE WHEN window_start = {PUNCTUATION_START}L THEN _all END"

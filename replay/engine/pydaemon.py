@@ -4,7 +4,7 @@ Spark starts its Python workers from a daemon (``python -m pyspark.daemon``) who
 starts with the copies of PySpark and py4j bundled in the Spark distribution as zip files. A
 pip-installed PySpark bundles them too (``pyspark/python/lib/pyspark.zip``), and zip files hold
 only sources, so every daemon compiled each PySpark module it imported again: about 1 s of CPU
-before a new JVM's first Python task (docs/performance.md). ``replay.engine.spark`` names this
+before a new JVM's first Python task (docs/performance-record.md). ``replay.engine.spark`` names this
 module as ``spark.python.daemon.module`` for a local master whose workers run the driver's own
 interpreter. It drops from the path only those zips of the installed PySpark the workers would
 import anyway, with its compiled modules, then runs ``pyspark.daemon`` as Spark would. A Spark

@@ -64,7 +64,7 @@ class Shared:
     """The union's value columns, shared between destinations by type: the ``j``-th value of type
     ``T`` of every destination is in column ``_v<T>_<j>``. A row goes to one destination, and every
     column of the union crosses to the writer on every row, null or not (Arrow keeps 8 bytes for a
-    null long): a column per value of every destination carried twice as much (docs/performance.md)."""
+    null long): a column per value of every destination carried twice as much (docs/performance-record.md)."""
 
     def __init__(self) -> None:
         self._types: dict[str, int] = {}

@@ -59,11 +59,11 @@ _DEFAULTS = {
     "spark.sql.adaptive.enabled": "true",
     # PySpark's DataFrame debugging records the Python call site of every DataFrame and Column
     # call in the JVM: four more py4j round trips per call, 40 % of a micro-batch's plan
-    # building (docs/performance.md). Replay's errors name files, origins and sequences instead.
+    # building (docs/performance-record.md). Replay's errors name files, origins and sequences instead.
     "spark.python.sql.dataFrameDebugging.enabled": "false",
     # Rows cross to Python (a pass's writer) in Arrow batches of at most 10,000 rows
     # (``maxRecordsPerBatch``); a byte limit as well makes Spark measure every vector of the batch
-    # after each row: 9 % of a pass's task time in a JVM profile (docs/performance.md). The byte
+    # after each row: 9 % of a pass's task time in a JVM profile (docs/performance-record.md). The byte
     # limit is off at this value exactly.
     "spark.sql.execution.arrow.maxBytesPerBatch": str(2**31 - 1),
 }
@@ -71,7 +71,7 @@ if hasattr(socket, "AF_UNIX"):
     # Spark talks to its Python workers (the pass's writer, the metadata scan, content hashes) and
     # hands the driver local data over sockets: a Unix domain socket instead of TCP on loopback
     # takes about 25 ms off every Python task here (a task of a trivial ``mapInArrow`` job: 60 ms
-    # of run time over TCP; docs/performance.md). PySpark refuses it where Python has none.
+    # of run time over TCP; docs/performance-record.md). PySpark refuses it where Python has none.
     _DEFAULTS["spark.python.unix.domain.socket.enabled"] = "true"
 
 
@@ -109,7 +109,7 @@ def check_java() -> None:
 #: code that runs a few thousand times while the JVM starts and plans; that CPU is the tasks'. At
 #: ten times, C2 took 10 to 11 s and the run 2 s less; the per-row code, which runs millions of
 #: times, still reaches C2 within the first batch, and a warm session runs as fast as before
-#: (docs/performance.md, "Where a cold run's CPU goes").
+#: (docs/performance-record.md, "Where a cold run's CPU goes").
 _COMPILE_THRESHOLDS = (
     "-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=6000 "
     "-XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000"
@@ -303,7 +303,7 @@ def job_session(base: SparkSession, settings: SparkSettings) -> SparkSession:
 def _import_ahead() -> None:
     """Import, in a thread of its own, what PySpark imports the first time py4j converts an
     argument once the JVM is up: ``pyspark.testing.utils``, and pandas through it (0.35 s of a cold
-    run, docs/performance.md). Started just before the JVM is, it runs while this thread only waits
+    run, docs/performance-record.md). Started just before the JVM is, it runs while this thread only waits
     for the JVM's gateway; PySpark's own import then finds the module loaded (or waits for it)."""
     import_ahead("pyspark.testing.utils")
 
@@ -352,7 +352,7 @@ def _per_core(session: SparkSession) -> dict[str, str]:
     - ``spark.sql.files.minPartitionNum``, two splits per core: Spark packs a scan's files into
       splits of about the input's size over the cores, and 40 small files on two cores became three
       tasks, the third running alone while a core idled (a pass of 10M tuples: 0.2 s less;
-      docs/performance.md).
+      docs/performance-record.md).
     - ``spark.sql.shuffle.partitions``, one per core (Spark's default is 200): a pass shuffles its
       window partials once, without adaptive execution (``replay.engine.aggregate``)."""
     cores = session.sparkContext.defaultParallelism
@@ -402,7 +402,7 @@ def _large_blocks_mapped() -> None:
     gives nothing back while a small object lives above them: reading the 40 files' metadata columns
     in the driver (``replay.engine.scan``) left 2.3 MiB more resident per file (the 10M-tuple
     benchmark's driver: 228 MiB after the scan, against 136 MiB with the threshold fixed;
-    docs/performance.md). Nothing where the C library is another one."""
+    docs/performance-record.md). Nothing where the C library is another one."""
     import ctypes
 
     with contextlib.suppress(OSError, AttributeError):

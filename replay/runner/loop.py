@@ -155,7 +155,7 @@ def _frozen_heap() -> Iterator[bool]:
     Planning a batch makes several objects per buffer, and every so often the collector walks every
     object the process holds, most of which outlive the run anyway. In a warm session (the
     benchmark's process) freezing them took the planning of a 13k-buffer batch from 0.30 to
-    0.24 s (medians of six pairs; docs/performance.md). An object that dies is still freed when its
+    0.24 s (medians of six pairs; docs/performance-record.md). An object that dies is still freed when its
     last reference goes; only a cycle among the frozen ones waits for the run's end, when they
     return to the collector. A process that froze objects itself (a server that forks workers
     does, to keep their memory pages shared) keeps its arrangement: the run leaves it alone."""

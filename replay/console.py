@@ -248,14 +248,8 @@ def print_validation(output: str, outcome: ValidationOutcome) -> None:
 
 def print_publication(outcome: PublishOutcome) -> None:
     """``replay publish``'s one line: what was published, with the corrections."""
+    typer.echo(outcome.describe())
     if not outcome.changed:
-        typer.echo(f"version {outcome.source} is already published (current: version {outcome.publication})")
         return
-    counts = ", ".join(f"{n} {k}" for k, n in outcome.corrections.items())
-    typer.echo(
-        f"published version {outcome.source} as version {outcome.publication} (previous: {outcome.previous}); "
-        f"corrections: {counts}"
-        + (f"; removed versions {', '.join(map(str, outcome.removed_versions))}" if outcome.removed_versions else "")
-    )
     if outcome.merged_rules:
         typer.echo(f"note: {publication_note(outcome.merged_rules, outcome.rules)}", err=True)

@@ -153,8 +153,17 @@ class ReplayPlanOperator(BaseOperator):
                     },
                 }
                 result["inspection"] = summary
-            self.log.info("archive: %s", result["inspection"])
+            self.log.info("archive: %s", _described(result["inspection"]))
         return result
+
+
+def _described(inspection: Mapping[str, Any]) -> str:
+    """The plan's archive summary as one line: files, lateness, and where each key's watermark is."""
+    keys = ", ".join(
+        f"{key} (watermark {where['column']}" + (f", {where['unit']})" if where.get("unit") else ")")
+        for key, where in inspection["watermark_columns"].items()
+    )
+    return f"{inspection['files']} file(s), lateness {inspection['lateness']}, keys {keys}"
 
 
 class ReplayRunOperator(BaseOperator):
@@ -212,7 +221,8 @@ class ReplayRunOperator(BaseOperator):
         # Batches and tuples are this attempt's (a retry resumes after what an earlier one
         # committed); windows and late tuples are the checkpoint's, as the version holds them.
         self.log.info(
-            "version %s (%s): this attempt %s%d batches, %d tuples; in all %d windows emitted, %d open, late %s",
+            "version %s (%s): this attempt %s%d micro-batch(es), %d tuples; in all %d windows emitted, %d open, "
+            "late tuples %s",
             result["version"],
             "new" if result["new_version"] else "nothing new",
             "resumed from the checkpoint, " if result["resumed"] else "",
@@ -220,7 +230,7 @@ class ReplayRunOperator(BaseOperator):
             result["tuples_read"],
             result["windows_emitted"],
             result["open_windows"],
-            result["late_tuples"],
+            ", ".join(f"{key} {n}" for key, n in result["late_tuples"].items()) or "none",
         )
         return result
 
@@ -395,7 +405,7 @@ class ReplayPublishOperator(_OutputOperator):
             "rules": outcome.rules,
             "merged_rules": None if outcome.merged_rules is None else list(outcome.merged_rules),
         }
-        self.log.info("published %s", result)
+        self.log.info("%s", outcome.describe())
         if outcome.merged_rules:
             from replay.core.rules import publication_note
 

@@ -67,6 +67,18 @@ class PublishOutcome:
     merged_rules: tuple[int | None, ...] | None = None
     rules: int | None = None
 
+    def describe(self) -> str:
+        """One sentence of what was published, as ``replay publish`` and the Airflow task say it."""
+        if not self.changed:
+            return f"version {self.source} is already published (current: version {self.publication})"
+        counts = ", ".join(f"{n} {k}" for k, n in self.corrections.items())
+        removed = ", ".join(map(str, self.removed_versions))
+        previous = "none" if self.previous is None else f"version {self.previous}"
+        return (
+            f"published version {self.source} of {self.output} as version {self.publication} "
+            f"(previous: {previous}); corrections: {counts}" + (f"; removed versions {removed}" if removed else "")
+        )
+
 
 def _fault(point: str) -> None:
     if os.environ.get("REPLAY_FAULT") == f"publish:{point}":

@@ -27,13 +27,18 @@ def output(validated_run: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     return out
 
 
-def test_publish_records_the_publication_on_its_assets_and_skips_when_nothing_changed(output: Path) -> None:
+def test_publish_records_the_publication_on_its_assets_and_skips_when_nothing_changed(
+    output: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     publish = ReplayPublishOperator(
         task_id="publish", output_dir="daily", skip_unchanged=True, outlets=[PUBLISHED_WINDOWS]
     )
     events = OutletEventAccessors()
     result = publish.execute({"outlet_events": events})
     assert result["changed"] and result["source"] == 1 and current_version(output) == result["version"] == 2
+    said = f"published version 1 of {output} as version 2 (previous: none); corrections: "
+    logged = capfd.readouterr()
+    assert said in logged.out + logged.err
     assert events[PUBLISHED_WINDOWS].extra == {"output": str(output), "version": 2, "source": 1}
 
     again = OutletEventAccessors()

@@ -23,7 +23,7 @@ from replay.quality.report import write_report
 from replay.quality.validate import ValidationOutcome, validate
 from replay.store.durable import signed
 from replay.store.outputs import current_version, list_versions, read_manifest, read_table
-from replay.store.publish import publish
+from replay.store.publish import PublishOutcome, publish
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -221,6 +221,9 @@ def test_a_range_merged_into_a_publication_of_other_rules_names_both(
     published_cli = CliRunner().invoke(app, ["publish", str(out), "--version", "3"])
     assert published_cli.exit_code == 0, published_cli.output
     merged = read_manifest(out, current_version(out))
+    assert published_cli.stdout.startswith(
+        f"published version 3 of {out} as version {merged.version} (previous: version 2); corrections: "
+    )
     assert merged.merged_range == (start, None) and merged.rules == RULES_VERSION
     assert merged.merged_rules == (None, RULES_VERSION)
     said = (
@@ -285,3 +288,32 @@ def test_a_range_replaces_the_late_rows_whose_own_key_event_time_is_inside_it(ti
     # row 3 (b: t2 = 5) in although its t1 is null, row 4 (a: t1 = 5) in although its t2 is null.
     inside = _late_in_range(table, config, 5_000_000, 10_000_000)
     assert inside.to_pylist() == [False, False, False, True, True]
+
+
+def test_an_outcome_is_told_in_one_sentence() -> None:
+    """What ``replay publish`` prints and the Airflow task logs: the source, the new publication,
+    the previous one (or none), the corrections and the versions retention removed."""
+
+    def outcome(source: int, publication: int, previous: int | None, changed: bool, **rest: Any) -> PublishOutcome:
+        corrections = rest.pop("corrections", {})
+        return PublishOutcome(
+            output="/o",
+            source=source,
+            publication=publication,
+            previous=previous,
+            changed=changed,
+            corrections=corrections,
+            removed_versions=rest.pop("removed", ()),
+        )
+
+    first = outcome(1, 2, None, True, corrections={"added": 3, "changed": 0, "retracted": 1})
+    assert first.describe() == (
+        "published version 1 of /o as version 2 (previous: none); corrections: 3 added, 0 changed, 1 retracted"
+    )
+    later = outcome(5, 6, 2, True, corrections={"added": 0, "changed": 2, "retracted": 0}, removed=(1, 2))
+    assert later.describe() == (
+        "published version 5 of /o as version 6 (previous: version 2); corrections: 0 added, 2 changed, "
+        "0 retracted; removed versions 1, 2"
+    )
+    again = outcome(5, 6, 6, False)
+    assert again.describe() == "version 5 is already published (current: version 6)"

@@ -47,9 +47,9 @@ def footer_digest(path: str) -> str | None:
 @contextmanager
 def _replacing(entry: Path) -> Iterator[Path]:
     """A temporary file of this process and thread (``durable.temporary``) that replaces ``entry``
-    once written, and is removed if writing or renaming it fails: a cache entry is the old one or the whole
-    new one, and two writers never share a temporary file. Not fsynced: an entry lost to a power
-    cut is a file scanned again."""
+    once written, and is removed if writing or renaming it fails: a cache entry is the old one or
+    the whole new one, and two writers never share a temporary file. Not fsynced: an entry lost to
+    a power cut is a file scanned again."""
     tmp = temporary(entry)
     try:
         yield tmp

@@ -49,8 +49,8 @@ def marker(column: str) -> str:
 
 def unsummable(column: str, found: Found | None = None) -> DataError:
     """``archive.unsummable``: a NaN, an infinity or a value beyond 2^63 in a summed column; with
-    ``found`` (``replay.engine.unsummable.first``), the first such value's buffer and how many
-    there are."""
+    ``found`` (``replay.engine.unsummable.Locator.first``), the first such value's buffer and how
+    many there are."""
     what = (
         f"column '{column}' holds a NaN, an infinity or a value of magnitude 2^63 or more among the "
         "values of a window's sum or mean, which are exact sums of finite values below 2^63"

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from replay.core.errors import BadBufferError, Location, WatermarkRegressionError
+from replay.core.errors import BadBufferError, Location, ReplayError, WatermarkRegressionError
 from replay.core.progress_records import (
     Decision,
     KeyProgress,
@@ -124,6 +124,42 @@ class ProgressEngine(ProgressState):
         whole run (``_decide``), whatever batches the run is cut into. The floor is part of the
         exported state, so a run resumed after a crash keeps its own."""
         self._floor = list(self.global_wm)
+
+    def cap_run(self, coming: Iterable[Buffer]) -> None:
+        """Origin mode: bound ``G_k`` within the run by the value it ends the run at, whatever the
+        batches the run is cut into (docs/semantics.md#global-watermark).
+
+        An origin left out of ``G_k`` (one that joined in a later run, below it) counts again once
+        its local watermark reaches ``G_k``; stepped batch by batch, ``G_k`` could first move past
+        where such an origin ends the run, and then which windows close would depend on the cuts.
+        So the run's ``G_k`` never passes one step from the run's floor (``G_k`` as it began) over
+        every origin's local watermark at the end of the run (after ``finish``): ``coming``, the
+        run's buffers not fed yet, are fed to a copy of the engine to find them. Without an origin
+        below ``G_k`` nothing is left out, and the batches reach that step anyway: no copy is
+        made. A copy that stops on bad input (the run will stop there too) holds ``G_k`` at the
+        floor, which only holds back windows until a run gets past it. A run resumed after a crash
+        computes the same bound from its snapshot (its floor kept) and its remaining batches."""
+        import copy
+
+        self._cap = None
+        if self.mode != Lateness.ORIGIN or not any(
+            self._origins[o].wm[index] < self.global_wm[index]
+            for index, participants in enumerate(self.participants)
+            for o in participants
+        ):
+            return
+        ahead = copy.deepcopy(self)
+        try:
+            ahead.feed(coming)
+            ahead.finish()
+        except (ReplayError, ValueError):
+            self._cap = list(self._floor)
+            return
+        cap = []
+        for index, (participants, floor) in enumerate(zip(self.participants, self._floor, strict=True)):
+            ends = [ahead._origins[o].wm[index] for o in participants]
+            cap.append(max(floor, min((w for w in ends if w >= floor), default=floor)))
+        self._cap = cap
 
     def counted(self) -> tuple[frozenset[int], ...]:
         """Per key, the origins that count in ``G_k`` now (``_counting``)."""
@@ -340,6 +376,8 @@ class ProgressEngine(ProgressState):
                 candidate = max(origins[o].wm[index] for o in participants)
             else:
                 candidate = min((w for w in marks if w >= previous), default=previous)
+            if self._cap is not None:  # origin mode, within a run (``cap_run``)
+                candidate = min(candidate, self._cap[index])
             self.global_wm[index] = max(previous, candidate)
 
     def _counting(self, index: int) -> tuple[tuple[int, ...], tuple[int, int] | None]:

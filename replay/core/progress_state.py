@@ -82,6 +82,9 @@ class ProgressState:
         self.global_wm = [NEG_INF] * len(self.keys)
         # ``G_k`` when the current run began: the floor of origin-mode thresholds (``_decide``).
         self._floor = list(self.global_wm)
+        # Origin mode: the most ``G_k`` may reach within the current run (``ProgressEngine.cap_run``;
+        # ``None``: no bound). Not state: a run, resumed or not, computes it before its batches.
+        self._cap: list[int] | None = None
         # Not state: values the decisions share (one tuple per combination of reasons, and the
         # previous decision against ``G_k``: the watermarks it was made with, its thresholds, its reasons).
         self._reasons: dict[tuple[str, ...], tuple[str, ...]] = {}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import itertools
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -348,6 +349,8 @@ class _Runner:
             state.engine.join({k: sorted(v) for k, v in participants.items()})
         hold = None
         if mode == "origin":
+            # ``G_k`` within the run never passes where the run ends it, whatever the cuts.
+            state.engine.cap_run(itertools.chain.from_iterable(plan))
             known = [events is not None for events in scan_columns(layout, event_times=event_times).events]
             hold = EmissionHold.of(
                 state.engine, plan, state.pending, known, lambda files: event_lows(spark, layout, files)

@@ -336,3 +336,88 @@ def test_event_times_the_scan_did_not_read_are_read_from_the_held_copies_files()
     timeless = EmissionHold.of(engine, plan, pending, known=[False], read_lows=read)
     assert timeless is not None and timeless.before(engine, 0, pending) == (45,)
     assert timeless.after(engine, 0, pending, last=True) == (NO_HOLD,)
+
+
+_ONE_SECOND = [{"name": "w", "size": "1s", "aggregations": [{"fn": "count"}]}]
+
+
+def _joiner_runs(archive: Path, *, by_closing: bool) -> list[list[dict[str, Any]]]:
+    """The rows of two runs' files. Origins 1 and 2 end the first run at 1 s (``G_k``); in the
+    second they reach 3 s, and origin 3 joins behind ``G_k`` (its first sequence at 0.9 s) and
+    ends the run at 2 s: by its own second sequence, or (``by_closing``) by ``gap_policy: skip``
+    closing its incomplete second sequence, whose one chunk holds 2 s, at the end of the run."""
+    first = buffer_rows(1, 1, events=[(SECOND, 1, 1.0)]) + buffer_rows(2, 1, events=[(SECOND, 2, 1.0)])
+    second = buffer_rows(1, 2, events=[(3 * SECOND, 1, 1.0)]) + buffer_rows(2, 2, events=[(3 * SECOND, 2, 1.0)])
+    second += buffer_rows(3, 1, events=[(SECOND * 9 // 10, 3, 1.0)])
+    if by_closing:
+        second += buffer_rows(3, 2, 1, last=False, events=[(2 * SECOND, 3, 1.0)])
+        second += buffer_rows(3, 3, events=[(SECOND * 3 // 2, 3, 1.0)])
+    else:
+        second += buffer_rows(3, 2, events=[(2 * SECOND, 3, 1.0)])
+    return [first, second]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("by_closing", [False, True], ids=["by-its-sequences", "by-the-skip-closing"])
+def test_an_origin_that_joins_behind_g_counts_once_caught_up_whatever_the_cut(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, by_closing: bool
+) -> None:
+    """An origin that joins in a later run behind ``G_k`` is left out of it until it catches up.
+    Stepped batch by batch, ``G_k`` reached 3 s while origin 3 was still behind it, in batches of
+    one buffer but not in one batch, and closed the windows up to 3 s in the one case only. The
+    run's ``G_k`` now never passes the value the run ends at: one step from the run's floor over
+    where every origin ends the run, 2 s here. The same digests for every cut, and the reference
+    model's windows, late tuples and open windows."""
+    expected: dict[str, str] | None = None
+    for size in (None, 1, 2):
+        root = tmp_path / f"b{size}"
+        archive = root / "archive"
+        extra: dict[str, Any] = {"micro_batch": {"max_buffers": size}}
+        if by_closing:
+            extra["gap_policy"] = "skip"
+        config = job(
+            archive,
+            root,
+            lateness="origin",
+            windows=_ONE_SECOND,
+            **extra,
+        )
+        read: list[list[Path]] = []
+        for number, rows in enumerate(_joiner_runs(archive, by_closing=by_closing)):
+            path = write_archive(archive, rows, name=f"part-{number:05d}.parquet")
+            summary = run(config, spark=spark)
+            if number == 1:
+                reference = reference_view(config, read)
+                actual = job_view(config, spark)
+                same_windows(actual["windows"], reference["windows"])
+                assert actual["late"] == reference["late"] and actual["open"] == reference["open"], size
+            read.append([path])
+        assert summary.watermarks["default"][0] == 2 * SECOND, (size, summary.watermarks)
+        if expected is None:
+            expected = digests(config)
+        else:
+            assert digests(config) == expected, size
+
+    # Batches of one buffer, the second run stopped before its third batch and resumed: the resumed
+    # part bounds G_k from its snapshot and its remaining batches the same way.
+    root = tmp_path / "crash"
+    archive = root / "archive"
+    extra = {"micro_batch": {"max_buffers": 1}} | ({"gap_policy": "skip"} if by_closing else {})
+    config = job(archive, root, lateness="origin", windows=_ONE_SECOND, **extra)
+    first, second = _joiner_runs(archive, by_closing=by_closing)
+    write_archive(archive, first, name="part-00000.parquet")
+    run(config, spark=spark)
+    write_archive(archive, second, name="part-00001.parquet")
+    real_fault = batch_module.fault
+
+    def stop(point: str, batch: int) -> None:
+        if point == "before_batch" and batch == 5:  # the first run's two batches, then two of the second
+            raise RuntimeError("stopped")
+        real_fault(point, batch)
+
+    monkeypatch.setattr(batch_module, "fault", stop)
+    with pytest.raises(RuntimeError, match="stopped"):
+        run(config, spark=spark)
+    monkeypatch.setattr(batch_module, "fault", real_fault)
+    assert run(config, spark=spark).resumed
+    assert digests(config) == expected

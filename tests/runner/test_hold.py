@@ -238,10 +238,17 @@ def test_a_later_run_judges_origins_outside_g_against_g_as_the_run_began(
     archive = tmp_path / "crash" / "archive"
     _first_file(archive)
     config = _two_runs(archive, tmp_path / "crash", spark, **plans[1])
+    # Batch 9 (origin 1, sequence 8) moved G_k to 8 s.
+    assert _stopped_and_resumed(config, spark, monkeypatch, before_batch=10).resumed
+    assert digests(config) == expected
+
+
+def _stopped_and_resumed(config: JobConfig, spark: Any, monkeypatch: pytest.MonkeyPatch, *, before_batch: int) -> Any:
+    """Run ``config`` stopped just before batch ``before_batch``, then again: the resumed run's summary."""
     real_fault = batch_module.fault
 
     def stop(point: str, batch: int) -> None:
-        if point == "before_batch" and batch == 10:  # batch 9 (origin 1, sequence 8) moved G_k to 8 s
+        if point == "before_batch" and batch == before_batch:
             raise RuntimeError("stopped")
         real_fault(point, batch)
 
@@ -249,9 +256,7 @@ def test_a_later_run_judges_origins_outside_g_against_g_as_the_run_began(
     with pytest.raises(RuntimeError, match="stopped"):
         run(config, spark=spark)
     monkeypatch.setattr(batch_module, "fault", real_fault)
-    resumed = run(config, spark=spark)
-    assert resumed.resumed
-    assert digests(config) == expected
+    return run(config, spark=spark)
 
 
 def test_the_hold_follows_the_tuples_still_to_come_from_origins_outside_g() -> None:
@@ -408,16 +413,6 @@ def test_an_origin_that_joins_behind_g_counts_once_caught_up_whatever_the_cut(
     write_archive(archive, first, name="part-00000.parquet")
     run(config, spark=spark)
     write_archive(archive, second, name="part-00001.parquet")
-    real_fault = batch_module.fault
-
-    def stop(point: str, batch: int) -> None:
-        if point == "before_batch" and batch == 5:  # the first run's two batches, then two of the second
-            raise RuntimeError("stopped")
-        real_fault(point, batch)
-
-    monkeypatch.setattr(batch_module, "fault", stop)
-    with pytest.raises(RuntimeError, match="stopped"):
-        run(config, spark=spark)
-    monkeypatch.setattr(batch_module, "fault", real_fault)
-    assert run(config, spark=spark).resumed
+    # The first run's two batches, then two of the second.
+    assert _stopped_and_resumed(config, spark, monkeypatch, before_batch=5).resumed
     assert digests(config) == expected

@@ -167,11 +167,6 @@ class WindowSpec(_Model):
     def effective_slide(self) -> int:
         return self.size if self.slide is None else self.slide
 
-    @property
-    def summed_columns(self) -> tuple[str, ...]:
-        """The columns its ``sum`` and ``mean`` aggregations sum, each once, in order."""
-        return tuple(dict.fromkeys(a.column for a in self.aggregations if a.fn in ("sum", "mean") and a.column))
-
 
 class MicroBatch(_Model):
     """Bounds of one micro-batch; ``None`` means unbounded.

@@ -93,7 +93,7 @@ def run_pass(
         try:
             rows = query.union.mapInArrow(sink(parts, query.ids), RESULT_SCHEMA).collect()
         except Exception as exc:  # a task that could not write, or read: reported as the error it is
-            summed = [column for w in config.windows for column in w.summed_columns]
+            summed = [a.column for w in config.windows for a in w.aggregations if a.fn in ("sum", "mean") and a.column]
             locator = (
                 None
                 if query.rows is None

@@ -78,7 +78,12 @@ class Locator:
         whose windows sum it; ``None`` when there is none (the failure came from elsewhere)."""
         from pyspark.sql import functions as F
 
-        summing = {self._key(w.wm_key) for w in self.config.windows if column in w.summed_columns}
+        summing = {
+            self._key(w.wm_key)
+            for w in self.config.windows
+            for a in w.aggregations
+            if a.fn in ("sum", "mean") and a.column == column
+        }
         if not summing:
             return None
         on_time = F.lit(False)
@@ -110,7 +115,8 @@ class Locator:
 
         found: list[tuple[str, str]] = []
         for s, spec in enumerate(self.config.windows):
-            for column in spec.summed_columns:
+            columns = dict.fromkeys(a.column for a in spec.aggregations if a.fn in ("sum", "mean") and a.column)
+            for column in columns:
                 alone = spec.model_copy(update={"aggregations": [Aggregation(fn="sum", column=column)]})
                 on_time = F.col(f"_on{self._key(spec.wm_key)}")
                 try:

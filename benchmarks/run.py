@@ -1,7 +1,10 @@
 """Benchmarks (measurements, never timed tests).
 
-Run with ``./dev.sh bench [inspect|inspect-warm|run|cold|floor|resume|fixed|scale]
+Run with ``./dev.sh bench [inspect|inspect-warm|run|cold|floor|resume|fixed|scale|soak]
 [--sizes TUPLES:TUPLES_PER_BUFFER ...]``.
+
+``soak``: one small job run again and again in one session, and the JVM heap it holds after each
+20 runs (``benchmarks/soak.py``).
 
 ``resume``: a resume after 10 and after 1,000 committed batches (``benchmarks/resume.py``).
 
@@ -396,7 +399,7 @@ def main() -> None:
         "what",
         nargs="?",
         default="inspect",
-        choices=["inspect", "inspect-warm", "run", "cold", "floor", "resume", "fixed", "scale"],
+        choices=["inspect", "inspect-warm", "run", "cold", "floor", "resume", "fixed", "scale", "soak"],
     )
     parser.add_argument(
         "--sizes",
@@ -408,6 +411,7 @@ def main() -> None:
         "--histories", nargs="*", type=int, default=[10, 1000], help="resume: committed batches before the resume"
     )
     parser.add_argument("--repeats", type=int, default=3, help="run: timed rounds after the warm-up round")
+    parser.add_argument("--runs", type=int, default=200, help="soak: runs of the small job")
     options = parser.parse_args()
     sizes = [(int(a), int(b)) for a, b in (s.split(":") for s in options.sizes)]
     if options.what == "resume":
@@ -424,6 +428,11 @@ def main() -> None:
             table = bench_fixed(archive(tuples, buffer_tuples, files=40), _timed_run, _session(), options.repeats)
         else:
             table = bench_scale(sizes, archive, _run_config, measure)
+    elif options.what == "soak":
+        sys.path.insert(0, str(ROOT))
+        from soak import bench_soak
+
+        table = bench_soak(archive(20_000, 100, files=4), _run_config, _session(), options.runs)
     elif options.what == "run":
         table = bench_run(sizes, repeats=options.repeats)
     elif options.what == "cold":

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from replay.core.config import JobConfig
 from replay.engine import float_sum, pass_counts, pass_query, unsummable
+from replay.engine.aggregations import summed_columns
 from replay.engine.archive import ArchiveLayout
 from replay.engine.archive_files import read_failure
 from replay.engine.passes import PassWork, SpecCounts, WorkResult
@@ -93,7 +94,7 @@ def run_pass(
         try:
             rows = query.union.mapInArrow(sink(parts, query.ids), RESULT_SCHEMA).collect()
         except Exception as exc:  # a task that could not write, or read: reported as the error it is
-            summed = [a.column for w in config.windows for a in w.aggregations if a.fn in ("sum", "mean") and a.column]
+            summed = summed_columns(a for w in config.windows for a in w.aggregations)
             locator = (
                 None
                 if query.rows is None

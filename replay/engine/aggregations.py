@@ -19,6 +19,7 @@ own code, in the same vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, ClassVar
 
 from replay.engine import float_sum
@@ -27,7 +28,9 @@ if TYPE_CHECKING:
     from pyspark.sql import Column
     from pyspark.sql.types import DataType
 
-__all__ = ["FLOAT_SUM_TYPE", "FUNCTIONS", "AggregateFunction", "is_float", "sum_kind"]
+    from replay.core.config import Aggregation
+
+__all__ = ["FLOAT_SUM_TYPE", "FUNCTIONS", "AggregateFunction", "is_float", "sum_kind", "summed_columns"]
 
 FLOAT_SUM_TYPE = "limbs"
 
@@ -52,6 +55,8 @@ class AggregateFunction:
     window spec are named ``p<i>_<part>``; merged partials keep the names."""
 
     name: ClassVar[str]
+    #: Whether it sums its column (``sum``, ``mean``): a value such a sum cannot take is bad input.
+    sums: ClassVar[bool] = False
 
     def columns(self, i: int, data_type: DataType) -> list[str]:
         """The names of the partial columns (as ``partial`` and ``merge`` name them)."""
@@ -115,6 +120,7 @@ class _Sum(_Count):
     """A count of non-null values (SQL's sum of nothing is null) and the exact sum."""
 
     name = "sum"
+    sums = True
 
     def columns(self, i: int, data_type: DataType) -> list[str]:
         return [*super().columns(i, data_type), *(_limb_names(i) if is_float(data_type) else [f"p{i}_s"])]
@@ -268,3 +274,8 @@ class _ApproxCountDistinct(AggregateFunction):
 FUNCTIONS: dict[str, AggregateFunction] = {
     f.name: f for f in (_Count(), _Sum(), _Mean(), _Min(), _Max(), _ApproxCountDistinct())
 }
+
+
+def summed_columns(aggregations: Iterable[Aggregation]) -> tuple[str, ...]:
+    """The columns these aggregations sum, each once, in order."""
+    return tuple(dict.fromkeys(a.column for a in aggregations if FUNCTIONS[a.fn].sums and a.column))

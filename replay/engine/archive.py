@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from replay.core.errors import ArchiveSchemaError, ConfigError, Location
 from replay.core.vocabulary import Lateness
+from replay.engine.aggregations import FUNCTIONS
 from replay.engine.archive_files import discover_files, read_schema
 
 if TYPE_CHECKING:
@@ -256,7 +257,7 @@ def inspect_schema(
                     code="config.unknown_column",
                 )
             found = schema.field(agg.column).type if agg.column is not None else None
-            if agg.fn in ("sum", "mean") and found is not None and not _is_number(found):
+            if FUNCTIONS[agg.fn].sums and found is not None and not _is_number(found):
                 # SQL sums numbers only: a time, a string or a bool has no sum Replay could agree on.
                 raise _type_error(
                     file_of(str(agg.column)),

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from replay.core.config import Aggregation, JobConfig
+from replay.engine.aggregations import summed_columns
 from replay.engine.archive import ArchiveLayout
 from replay.engine.float_sum import LIMIT, OVERFLOW
 from replay.engine.passes import Reads
@@ -78,12 +79,7 @@ class Locator:
         whose windows sum it; ``None`` when there is none (the failure came from elsewhere)."""
         from pyspark.sql import functions as F
 
-        summing = {
-            self._key(w.wm_key)
-            for w in self.config.windows
-            for a in w.aggregations
-            if a.fn in ("sum", "mean") and a.column == column
-        }
+        summing = {self._key(w.wm_key) for w in self.config.windows if column in summed_columns(w.aggregations)}
         if not summing:
             return None
         on_time = F.lit(False)
@@ -115,8 +111,7 @@ class Locator:
 
         found: list[tuple[str, str]] = []
         for s, spec in enumerate(self.config.windows):
-            columns = dict.fromkeys(a.column for a in spec.aggregations if a.fn in ("sum", "mean") and a.column)
-            for column in columns:
+            for column in summed_columns(spec.aggregations):
                 alone = spec.model_copy(update={"aggregations": [Aggregation(fn="sum", column=column)]})
                 on_time = F.col(f"_on{self._key(spec.wm_key)}")
                 try:

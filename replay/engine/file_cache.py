@@ -14,18 +14,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from replay.core.paths import local_path
-from replay.store.durable import temporary
+from replay.store.durable import replacing
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from replay.engine.scan_columns import ScanColumns
 
 __all__ = ["FileCache", "footer_digest"]
@@ -42,20 +39,6 @@ def footer_digest(path: str) -> str | None:
         length = int.from_bytes(trailer[:4], "little")
         handle.seek(-(8 + length), os.SEEK_END)
         return hashlib.sha256(handle.read(length)).hexdigest()[:32]
-
-
-@contextmanager
-def _replacing(entry: Path) -> Iterator[Path]:
-    """A temporary file of this process and thread (``durable.temporary``) that replaces ``entry``
-    once written, and is removed if writing or renaming it fails: a cache entry is the old one or
-    the whole new one, and two writers never share a temporary file. Not fsynced: an entry lost to
-    a power cut is a file scanned again."""
-    tmp = temporary(entry)
-    try:
-        yield tmp
-        os.replace(tmp, entry)
-    finally:
-        tmp.unlink(missing_ok=True)  # gone after the rename; else what a failed write left
 
 
 class FileCache:
@@ -127,7 +110,7 @@ class FileCache:
         self.root.mkdir(parents=True, exist_ok=True)
         entry = self._entry(path, ".hashes.json")
         document = {"key": key, "spark_path": spark_path, "hashes": {str(r): h for r, h in sorted(hashes.items())}}
-        with _replacing(entry) as tmp:
+        with replacing(entry, sync_dir=False) as tmp:
             tmp.write_text(json.dumps(document))
 
     @staticmethod
@@ -157,7 +140,7 @@ class FileCache:
         entry = self._entry(path)
         options = ipc.IpcWriteOptions(compression=self._COMPRESSION)
         with (
-            _replacing(entry) as tmp,
+            replacing(entry, sync_dir=False) as tmp,
             pa.OSFile(str(tmp), "wb") as sink,
             ipc.new_file(sink, table.schema, options=options) as writer,
         ):

@@ -15,7 +15,8 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
@@ -35,6 +36,7 @@ __all__ = [
     "read_json",
     "read_record",
     "read_typed",
+    "replacing",
     "signed",
     "temporary",
     "write_json_atomic",
@@ -82,15 +84,28 @@ def write_parquet_atomic(table: pa.Table, path: Path, *, sync_dir: bool = True) 
 def _replace(path: Path, fill: Callable[[BinaryIO], object], *, sync_dir: bool = True) -> None:
     """Replace ``path`` by what ``fill`` writes: under ``temporary(path)``, fsynced, renamed, and
     (``sync_dir``) the rename made durable by an fsync of the directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary(path)
-    with open(tmp, "wb") as handle:
+    with replacing(path, sync_dir=sync_dir) as tmp, open(tmp, "wb") as handle:
         fill(handle)
         handle.flush()
         os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    if sync_dir:
-        fsync_dir(path.parent)
+
+
+@contextmanager
+def replacing(path: Path, *, sync_dir: bool) -> Iterator[Path]:
+    """``temporary(path)``, for the block to write; renamed over ``path`` when the block ends, and
+    removed if writing or renaming it fails, so that a reader sees the old file or the whole new
+    one and a failure leaves nothing behind. ``sync_dir``: the rename made durable by an fsync of
+    the directory (the block fsyncs what it wrote); a file whose loss only costs work again (a
+    scan cache entry) skips both."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+        if sync_dir:
+            fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)  # gone after the rename; else what a failed write left
 
 
 def fsync_dir(path: Path) -> None:

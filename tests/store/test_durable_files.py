@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from replay.core.buffer import Buffer
@@ -117,6 +118,18 @@ def test_two_threads_writing_one_record_never_share_a_temporary_file(tmp_path: P
     assert failures == []
     assert json.loads(path.read_text())["i"] == 199
     assert [p.name for p in tmp_path.iterdir()] == ["current"]
+
+
+def test_a_write_that_fails_leaves_the_old_file_and_no_temporary_one(tmp_path: Path) -> None:
+    """The table cannot be written (not a table): the error is the writer's, the file keeps its old
+    content, and the temporary file the write began is gone."""
+    path = tmp_path / "progress.parquet"
+    old = pa.table({"x": [1, 2]})
+    write_parquet_atomic(old, path)
+    with pytest.raises(AttributeError, match="schema"):
+        write_parquet_atomic("not a table", path)  # type: ignore[arg-type]
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+    assert pq.read_table(path).equals(old)
 
 
 def test_a_version_whose_listed_file_is_gone_is_output_corrupt_not_fewer_rows(tmp_path: Path) -> None:

@@ -82,6 +82,11 @@ class ArchiveLayout:
         return self.ingest_ts is not None
 
     @property
+    def key_index(self) -> dict[str, int]:
+        """Each watermark key's position: the ``i`` of the pass's per-key columns (``_on<i>``, ``_ev<i>``)."""
+        return {k.name: i for i, k in enumerate(self.keys)}
+
+    @property
     def metadata_columns(self) -> tuple[str, ...]:
         cols = [self.origin_id, self.sequence_number, self.chunk_number, self.last_chunk]
         cols += [k.watermark for k in self.keys if k.watermark is not None]

@@ -119,7 +119,7 @@ class _Builder:
 
         self.work = work
         nkeys = len(layout.keys)
-        self.key_index = {k.name: i for i, k in enumerate(layout.keys)}
+        self.key_index = layout.key_index
         self.specs: list[WindowSpec] = list(config.windows)
         agg_types = aggregated_types(self.specs, value_struct(schema, layout))  # as ``pass_rows`` gives them
         self.columns = output_columns(self.specs, agg_types)

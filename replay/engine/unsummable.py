@@ -71,15 +71,13 @@ class Locator:
     layout: ArchiveLayout
     windows: Mapping[int, WindowColumns]
 
-    def _key(self, wm_key: str) -> int:
-        return [k.name for k in self.layout.keys].index(wm_key)
-
     def first(self, column: str) -> Found | None:
         """The first value of ``column`` that cannot be summed among the on-time tuples for the keys
         whose windows sum it; ``None`` when there is none (the failure came from elsewhere)."""
         from pyspark.sql import functions as F
 
-        summing = {self._key(w.wm_key) for w in self.config.windows if column in summed_columns(w.aggregations)}
+        index = self.layout.key_index
+        summing = {index[w.wm_key] for w in self.config.windows if column in summed_columns(w.aggregations)}
         if not summing:
             return None
         on_time = F.lit(False)
@@ -113,7 +111,7 @@ class Locator:
         for s, spec in enumerate(self.config.windows):
             for column in summed_columns(spec.aggregations):
                 alone = spec.model_copy(update={"aggregations": [Aggregation(fn="sum", column=column)]})
-                on_time = F.col(f"_on{self._key(spec.wm_key)}")
+                on_time = F.col(f"_on{self.layout.key_index[spec.wm_key]}")
                 try:
                     partials(self.rows, alone, self.windows[s], on_time=on_time).write.format("noop").mode(
                         "overwrite"

@@ -19,12 +19,13 @@ own code, in the same vocabulary.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, ClassVar
 
 from replay.engine import float_sum
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from pyspark.sql import Column
     from pyspark.sql.types import DataType
 

@@ -164,7 +164,7 @@ def _frozen_heap() -> Iterator[bool]:
     handles form a cycle: a DataFrame's JVM Dataset, with its plans and the broadcast relations they
     hold (a 64 MiB page each on the driver), lives until Python's collector finds that cycle. Left in
     the oldest generation, which the unfreeze fills, the cycles outlived many runs: a session that
-    ran a small job 20 times held 640 MB of JVM heap after a full GC instead of 70 MB
+    ran a small job 20 times held 296 MiB of JVM heap after full collections instead of 69 MiB
     (docs/performance.md#a-session-that-runs-again-and-again)."""
     freezing = not gc.get_freeze_count()
     if freezing:

@@ -361,8 +361,8 @@ def test_a_run_leaves_no_jvm_object_to_pythons_collector(archive: Path, tmp_path
     """py4j's proxy of a JVM object and its method handles form a reference cycle, and the proxy keeps
     the JVM object (a DataFrame's Dataset, its plans, their broadcast relations) until Python's
     collector finds the cycle. A run collects its own cycles before it returns: left to the
-    collector's generations, a session that ran a small job 20 times held 640 MB of JVM heap after a
-    full GC instead of 70 MB (``./dev.sh bench soak``)."""
+    collector's generations, a session that ran a small job 20 times held 296 MiB of JVM heap after
+    full collections instead of 69 MiB (``./dev.sh bench soak``)."""
     import gc
 
     from py4j.java_gateway import JavaObject

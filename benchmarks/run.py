@@ -4,7 +4,7 @@ Run with ``./dev.sh bench [inspect|inspect-warm|run|cold|floor|resume|fixed|scal
 [--sizes TUPLES:TUPLES_PER_BUFFER ...]``.
 
 ``soak``: one small job run again and again in one session, and the JVM heap it holds after each
-20 runs (``benchmarks/soak.py``).
+20 runs (``benchmarks/soak.py``); with ``--kept-driver``, the same runs sent to a kept driver.
 
 ``resume``: a resume after 10 and after 1,000 committed batches (``benchmarks/resume.py``).
 
@@ -412,6 +412,9 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=3, help="run: timed rounds after the warm-up round")
     parser.add_argument("--runs", type=int, default=200, help="soak: runs of the small job")
+    parser.add_argument(
+        "--kept-driver", action="store_true", help="soak: send the runs to a kept driver (replay driver serve)"
+    )
     options = parser.parse_args()
     sizes = [(int(a), int(b)) for a, b in (s.split(":") for s in options.sizes)]
     if options.what == "resume":
@@ -430,9 +433,13 @@ def main() -> None:
             table = bench_scale(sizes, archive, _run_config, measure)
     elif options.what == "soak":
         sys.path.insert(0, str(ROOT))
-        from soak import bench_soak
+        from soak import bench_soak, bench_soak_driver
 
-        table = bench_soak(archive(20_000, 100, files=4), _run_config, _session(), options.runs)
+        small = archive(20_000, 100, files=4)
+        if options.kept_driver:
+            table = bench_soak_driver(small, _run_config, options.runs)
+        else:
+            table = bench_soak(small, _run_config, _session(), options.runs)
     elif options.what == "run":
         table = bench_run(sizes, repeats=options.repeats)
     elif options.what == "cold":
@@ -447,8 +454,9 @@ def main() -> None:
     else:
         table = bench_inspect_warm(sizes)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{options.what}.md").write_text(table + "\n")
-    print(f"\nwritten to {RESULTS / options.what}.md")
+    name = f"{options.what}-driver" if options.what == "soak" and options.kept_driver else options.what
+    (RESULTS / f"{name}.md").write_text(table + "\n")
+    print(f"\nwritten to {RESULTS / name}.md")
 
 
 if __name__ == "__main__":

@@ -9,13 +9,23 @@ them). Reported per step: the live JVM heap after those collections, the
 JVM objects py4j still holds for Python, the Python process's resident memory, and the median wall
 time of the step's runs. A driver that keeps nothing between runs holds a flat heap.
 
-Run as ``./dev.sh bench soak [--runs 200]``.
+``--kept-driver``: the same runs sent to a kept driver (``replay driver serve``, its own process, 4 GiB
+heap), as a scheduled replay sends them. Its heap is read from outside, as an operator would: the
+JDK's ``jcmd`` asks its JVM for full collections until the heap in use settles, and reads it
+(``GC.heap_info``). Reported per step beside it: the driver's Python and JVM resident memory, and
+the median wall time of a run as its client sees it.
+
+Run as ``./dev.sh bench soak [--runs 200] [--kept-driver]``.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -24,7 +34,7 @@ from typing import Any
 
 import psutil
 
-__all__ = ["bench_soak"]
+__all__ = ["bench_soak", "bench_soak_driver"]
 
 
 def _py4j_settled(spark: Any, timeout: float = 10.0) -> int:
@@ -102,3 +112,90 @@ def bench_soak(
             step(done, seconds)
             seconds = []
     return "\n".join(rows)
+
+
+def _jcmd() -> str:
+    """The JDK's ``jcmd``: next to the ``java`` of ``JAVA_HOME``, else on ``PATH``."""
+    home = os.environ.get("JAVA_HOME")
+    beside = Path(home) / "bin" / "jcmd" if home else None
+    found = str(beside) if beside is not None and beside.exists() else shutil.which("jcmd")
+    if not found:
+        raise SystemExit("the kept driver's soak reads its heap with the JDK's jcmd: install a JDK or set JAVA_HOME")
+    return found
+
+
+def _settled_heap_mib(jcmd: str, pid: int) -> float:
+    """The heap in use of JVM ``pid`` after full collections one second apart (``jcmd GC.run``), until
+    two readings agree within 1 MiB (at most five), as ``_live_heap_mib`` does from inside."""
+    readings: list[float] = []
+    while len(readings) < 5 and (len(readings) < 2 or abs(readings[-1] - readings[-2]) > 1):
+        subprocess.run([jcmd, str(pid), "GC.run"], check=True, capture_output=True)
+        info = subprocess.run([jcmd, str(pid), "GC.heap_info"], check=True, capture_output=True, text=True).stdout
+        used = re.search(r"heap\s+total \d+K, used (\d+)K", info)
+        if used is None:
+            raise SystemExit(f"jcmd GC.heap_info said nothing this benchmark reads:\n{info}")
+        readings.append(int(used.group(1)) / 1024)
+        time.sleep(1.0)
+    return readings[-1]
+
+
+def bench_soak_driver(
+    archive: Path,
+    run_config: Callable[[Path, Path, int | None], Any],
+    runs: int = 200,
+    every: int = 20,
+) -> str:
+    """``bench_soak``'s runs, sent to a kept driver started for the benchmark and stopped after it."""
+    from replay.driver.client import run_on_driver, stop_driver
+    from replay.driver.home import DriverHome
+
+    jcmd = _jcmd()
+    replay = str(Path(sys.executable).with_name("replay"))
+    work = Path(tempfile.mkdtemp(prefix="replay-soak-driver-"))
+    home = DriverHome(work / "driver")
+    command = [replay, "driver", "serve", "--dir", str(home.path), "--conf", "spark.driver.memory=4g"]
+    log = work / "driver.log"
+    serve = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        while not home.record.exists():
+            if serve.poll() is not None:
+                raise SystemExit(f"replay driver serve ended with {serve.returncode}: {log.read_text()[-2000:]}")
+            time.sleep(0.2)
+        driver = psutil.Process(serve.pid)
+        jvm = next(child for child in driver.children(recursive=True) if child.name() == "java")
+        rows = [
+            f"`replay run` again and again through a kept driver: {archive.name}, 40 buffers per micro-batch, "
+            "a fresh output and checkpoint per run",
+            "",
+            "| runs | live JVM heap (MiB) | driver's Python RSS (MiB) | its JVM's RSS (MiB) | median s / run |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+
+        def step(done: int, seconds: list[float]) -> None:
+            heap = _settled_heap_mib(jcmd, jvm.pid)
+            median = f"{statistics.median(seconds):.2f}" if seconds else "-"
+            python_rss, jvm_rss = driver.memory_info().rss / 2**20, jvm.memory_info().rss / 2**20
+            rows.append(f"| {done} | {heap:.0f} | {python_rss:.0f} | {jvm_rss:.0f} | {median} |")
+            print(rows[-1], flush=True)
+
+        step(0, [])
+        seconds: list[float] = []
+        for done in range(1, runs + 1):
+            job = work / f"run-{done}"
+            try:
+                start = time.perf_counter()
+                run_on_driver(home, run_config(archive, job, 40))
+                seconds.append(time.perf_counter() - start)
+            finally:
+                shutil.rmtree(job, ignore_errors=True)
+            if done % every == 0:
+                step(done, seconds)
+                seconds = []
+        return "\n".join(rows)
+    finally:
+        try:
+            stop_driver(home)
+            serve.wait(timeout=120)
+        except Exception:  # a driver that does not stop: the benchmark's end must not wait on it
+            serve.kill()
+        shutil.rmtree(work, ignore_errors=True)

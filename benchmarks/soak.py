@@ -98,20 +98,28 @@ def bench_soak(
         rows.append(f"| {done} | {heap:.0f} | {held} | {process.memory_info().rss / 2**20:.0f} | {median} |")
         print(rows[-1], flush=True)
 
+    _soak(runs, every, lambda work: run(run_config(archive, work, 40), spark=spark), step, Path(tempfile.gettempdir()))
+    return "\n".join(rows)
+
+
+def _soak(
+    runs: int, every: int, one: Callable[[Path], object], step: Callable[[int, list[float]], None], under: Path
+) -> None:
+    """``one(work)`` ``runs`` times, each in a new directory under ``under`` removed after it, and
+    ``step(done, seconds)`` before the first and after every ``every`` runs with their wall times."""
     step(0, [])
     seconds: list[float] = []
     for done in range(1, runs + 1):
-        work = Path(tempfile.mkdtemp(prefix="replay-soak-"))
+        work = Path(tempfile.mkdtemp(prefix="replay-soak-", dir=under))
         try:
             start = time.perf_counter()
-            run(run_config(archive, work, 40), spark=spark)
+            one(work)
             seconds.append(time.perf_counter() - start)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         if done % every == 0:
             step(done, seconds)
             seconds = []
-    return "\n".join(rows)
 
 
 def _jcmd() -> str:
@@ -178,19 +186,7 @@ def bench_soak_driver(
             rows.append(f"| {done} | {heap:.0f} | {python_rss:.0f} | {jvm_rss:.0f} | {median} |")
             print(rows[-1], flush=True)
 
-        step(0, [])
-        seconds: list[float] = []
-        for done in range(1, runs + 1):
-            job = work / f"run-{done}"
-            try:
-                start = time.perf_counter()
-                run_on_driver(home, run_config(archive, job, 40))
-                seconds.append(time.perf_counter() - start)
-            finally:
-                shutil.rmtree(job, ignore_errors=True)
-            if done % every == 0:
-                step(done, seconds)
-                seconds = []
+        _soak(runs, every, lambda job: run_on_driver(home, run_config(archive, job, 40)), step, work)
         return "\n".join(rows)
     finally:
         try:

@@ -163,7 +163,8 @@ def bench_soak_driver(
     home = DriverHome(work / "driver")
     command = [replay, "driver", "serve", "--dir", str(home.path), "--conf", "spark.driver.memory=4g"]
     log = work / "driver.log"
-    serve = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    with log.open("w") as out:  # the driver writes to its own copy of the descriptor
+        serve = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     try:
         while not home.record.exists():
             if serve.poll() is not None:

@@ -26,7 +26,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -42,7 +42,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Copy", "cached_content_hashes", "content_hashes", "hash_digest"]
 
-#: One copy to hash: (file, origin, sequence, chunk, first row, row count).
+#: One copy to hash: (file, origin, sequence, chunk, first row, row count; -1: the rows of its identity from
+#: its first row on).
 Copy = tuple[str, int, int, int, int, int]
 
 _HASH_VERSION = 3  # bump when what ``_copy_hash`` hashes changes (3: times as microseconds, watermark_ts)
@@ -191,6 +192,40 @@ def _holds(table: pa.Table, at: int, rows: int, identity: tuple[int, int, int], 
 _HASH_BATCH_ROWS = 32_768  # rows decoded at a time when reading the rows around copies to hash
 
 
+def _extent(
+    parquet: Any, starts: Sequence[int], row_start: int, identity: tuple[int, int, int], columns: _Columns
+) -> int:
+    """How many rows from ``row_start`` on carry ``identity`` (0 when that row does not): the rows of
+    the copy that begins there. Reads the identity columns only, from ``row_start``'s row group on,
+    until a row of another identity."""
+    import bisect
+
+    import numpy as np
+    import pyarrow.compute as pc
+
+    if not 0 <= row_start < starts[-1]:
+        return 0
+    first = bisect.bisect_right(starts, row_start) - 1
+    position, rows = starts[first], 0
+    groups = range(first, len(starts) - 1)
+    read = list(columns.identity)
+    for batch in parquet.iter_batches(batch_size=_HASH_BATCH_ROWS, row_groups=groups, columns=read, use_threads=False):
+        begin = max(row_start - position, 0)
+        position += batch.num_rows
+        if begin >= batch.num_rows:
+            continue
+        same = None
+        for name, value in zip(columns.identity, identity, strict=True):
+            equal = pc.fill_null(pc.equal(as_int64(batch.column(name).slice(begin)), value), False)
+            same = equal if same is None else pc.and_(same, equal)
+        flags = np.asarray(same.to_numpy(zero_copy_only=False), dtype=bool) if same is not None else np.ones(0, bool)
+        other = np.flatnonzero(~flags)
+        if other.size:
+            return rows + int(other[0])
+        rows += len(flags)
+    return rows
+
+
 def hash_file_copies(path: str, copies: Sequence[tuple[int, int, int, int, int]], columns: _Columns) -> dict[int, str]:
     """The content hash of each copy ``(row_start, rows, origin, sequence, chunk)`` of the file at
     ``path`` that still holds it, by first row. Only the row groups around the copies are read,
@@ -205,6 +240,11 @@ def hash_file_copies(path: str, copies: Sequence[tuple[int, int, int, int, int]]
         starts.append(starts[-1] + meta.row_group(g).num_rows)
     present = set(parquet.schema_arrow.names)
     names = columns.names()
+    # A copy recorded without its rows (-1: a copy discarded before the checkpoint kept them) is the
+    # run of rows of its identity from its first row.
+    copies = [
+        (r, n if n >= 0 else _extent(parquet, starts, r, (o, q, c), columns), o, q, c) for r, n, o, q, c in copies
+    ]
     # Per copy: its first row, rows and identity, and the rows around it (the row before and the
     # row after, where the file has them): the first of them, its row group, and how many.
     spans: list[tuple[int, int, int, int, int, int, int, int]] = []

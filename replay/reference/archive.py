@@ -18,7 +18,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replay.core.config import JobConfig
-from replay.core.errors import ConfigError, ConflictingDuplicateError, EmptyArchiveError, Location
+from replay.core.errors import (
+    ArchiveReadError,
+    ConfigError,
+    ConflictingDuplicateError,
+    EmptyArchiveError,
+    Location,
+)
 from replay.core.timeutil import MICROS_PER_MS
 
 __all__ = ["Buffer", "Identity", "LoadedArchive", "ResolvedKey", "Row", "load_archive", "run_finder"]
@@ -273,11 +279,19 @@ def load_archive(
     in a later run's file never displaces the copy an earlier run kept (``_dedupe``).
 
     Raises:
+        ArchiveReadError: ``archive`` does not exist.
         EmptyArchiveError: no Parquet file under ``archive``.
         ConfigError: unknown watermark column, or ``arrival`` lateness without ``ingest_ts``.
         ConflictingDuplicateError: two copies of a buffer differ under ``on_conflict: fail``.
     """
     cols = config.columns
+    if not Path(archive).exists():
+        raise ArchiveReadError(
+            "the archive does not exist",
+            where=Location(file=str(archive)),
+            todo="point at an existing directory",
+            code="archive.not_found",
+        )
     files = sorted(Path(archive).rglob("*.parquet"))
     if not files:
         raise EmptyArchiveError(

@@ -79,49 +79,79 @@ def _against_history(
     """The positions in ``scan.buffers`` of the buffers not replayed before; a copy of a replayed
     buffer goes to ``discarded`` as a duplicate or a conflict (a copy consumed before is skipped),
     and a buffer never replayed of a sequence ``gap_policy: skip`` closed in an earlier run as
-    ``after_skip`` (its sequence is in its origin's complete prefix: it cannot be fed any more)."""
+    ``after_skip`` (its sequence is in its origin's complete prefix: it cannot be fed any more). A
+    copy of a buffer an earlier run found as ``after_skip`` is compared with that first copy as with
+    a replayed one: what one run over every file would have found (its first copy kept, the later
+    one a duplicate or a conflict); when the first copy's file no longer holds it, it is
+    ``after_skip`` too."""
     new_at: list[int] = []  # positions in ``scan.buffers``
-    again = [
-        (buf, state.known[buf.identity])
-        for buf in scan.buffers
-        if (buf.file, buf.row_start) not in state.known_copies and buf.identity in state.known
-    ]
+    # The first copy an earlier run found of a buffer it did not feed (``after_skip``): a later copy
+    # is compared with it, as with a replayed one (the checkpoint did not keep its rows: -1).
+    first_found: dict[tuple[int, int, int], _state.Discarded] = {}
+    for c in state.discarded:
+        if c.kind == IntegrityKind.AFTER_SKIP:
+            first_found.setdefault((c.origin, c.sequence, c.chunk), c)
+    again: list[Copy] = []
+    for buf in scan.buffers:
+        if (buf.file, buf.row_start) in state.known_copies:
+            continue
+        if buf.identity in state.known:
+            again += [(c.file, *c.identity, c.row_start, c.rows) for c in (buf, state.known[buf.identity])]
+        elif buf.identity in first_found:
+            earlier = first_found[buf.identity]
+            again += [
+                (buf.file, *buf.identity, buf.row_start, buf.rows),
+                (earlier.file, *buf.identity, earlier.row_start, -1),
+            ]
     closed = {(s.origin, s.sequence) for s in state.engine.skipped}
-    hashes = dict(hasher([(c.file, *c.identity, c.row_start, c.rows) for pair in again for c in pair])) if again else {}
+    hashes = dict(hasher(again)) if again else {}
     for at, buf in enumerate(scan.buffers):
         if (buf.file, buf.row_start) in state.known_copies:
             continue
+        mine = hashes.get((buf.file, buf.row_start), buf.content_hash)
         known = state.known.get(buf.identity)
-        if known is None:
+        found = first_found.get(buf.identity) if known is None else None
+        if found is not None and same_content(mine, hashes.get((found.file, found.row_start), "")) is not None:
+            same = mine == hashes[(found.file, found.row_start)]
+            kind = _judged(buf, same, config, f"in {found.file} (row {found.row_start}, not replayed: after_skip)")
+            discarded.append(discard(kind, buf, buf.file, buf.row_start, buf.tuples, found.file))
+        elif known is None:
+            # A copy of a buffer found before whose copy is gone stays what that one was: after_skip.
             if (buf.origin, buf.sequence) in closed and state.engine.seen(buf.identity):
                 discarded.append(discard(IntegrityKind.AFTER_SKIP, buf, buf.file, buf.row_start, buf.tuples, ""))
             else:
                 new_at.append(at)
-            continue
-        mine = hashes.get((buf.file, buf.row_start), buf.content_hash)
-        kept = hashes.get((known.file, known.row_start), known.content_hash)
-        same = same_content(mine, kept)
-        if same is None:
-            # The replayed copy's file no longer holds it (and the checkpoint's hash of it was made
-            # by another version of the hashing, or never): compare what the checkpoint recorded.
-            same = (known.rows, known.tuples, known.last_chunk, known.watermarks) == (
-                buf.rows,
-                buf.tuples,
-                buf.last_chunk,
-                buf.watermarks,
-            )
-        kind = IntegrityKind.DUPLICATE if same else IntegrityKind.CONFLICT
-        if kind == IntegrityKind.CONFLICT and config.on_conflict == ConflictPolicy.FAIL:
-            raise ConflictingDuplicateError(
-                f"buffer archived again with different content: in {known.file} (row {known.row_start}, "
-                f"already replayed) and {buf.file} (row {buf.row_start})",
-                where=Location(origin=buf.origin, sequence=buf.sequence, chunk=buf.chunk, file=buf.file),
-                todo="find out which copy is right and remove the other, or set 'on_conflict: keep_first' "
-                "to keep the replayed copy (the conflict is still reported, and validation's integrity suite blocks "
-                "publication beyond 'validation.max_conflicts', 0 unless raised)",
-            )
-        discarded.append(discard(kind, buf, buf.file, buf.row_start, buf.tuples, known.file))
+        else:
+            kept = hashes.get((known.file, known.row_start), known.content_hash)
+            compared = same_content(mine, kept)
+            if compared is None:
+                # The replayed copy's file no longer holds it (and the checkpoint's hash of it was made
+                # by another version of the hashing, or never): compare what the checkpoint recorded.
+                compared = (known.rows, known.tuples, known.last_chunk, known.watermarks) == (
+                    buf.rows,
+                    buf.tuples,
+                    buf.last_chunk,
+                    buf.watermarks,
+                )
+            kind = _judged(buf, compared, config, f"in {known.file} (row {known.row_start}, already replayed)")
+            discarded.append(discard(kind, buf, buf.file, buf.row_start, buf.tuples, known.file))
     return new_at
+
+
+def _judged(buf: Buffer, same: bool, config: JobConfig, first: str) -> str:
+    """A later copy of a buffer found before (``first`` says where): a duplicate when ``same``, else a
+    conflict, which fails the run under ``on_conflict: fail``."""
+    if same:
+        return IntegrityKind.DUPLICATE
+    if config.on_conflict == ConflictPolicy.FAIL:
+        raise ConflictingDuplicateError(
+            f"buffer archived again with different content: {first} and {buf.file} (row {buf.row_start})",
+            where=Location(origin=buf.origin, sequence=buf.sequence, chunk=buf.chunk, file=buf.file),
+            todo="find out which copy is right and remove the other, or set 'on_conflict: keep_first' "
+            "to keep the first copy (the conflict is still reported, and validation's integrity suite blocks "
+            "publication beyond 'validation.max_conflicts', 0 unless raised)",
+        )
+    return IntegrityKind.CONFLICT
 
 
 def after_skip_notes(discarded: Sequence[_state.Discarded]) -> list[str]:

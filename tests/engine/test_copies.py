@@ -91,6 +91,29 @@ def test_a_range_that_no_longer_holds_its_copy_gets_no_hash(tmp_path: Path) -> N
     assert hash_file_copies(str(path), [(0, 2, 9, 1, 1)], columns) == {}  # another origin
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(1, 9), min_size=1, max_size=5), group=st.integers(1, 7), data=st.data())
+def test_a_copy_given_without_its_rows_is_hashed_over_the_rows_of_its_identity(
+    tmp_path: Path, sizes: list[int], group: int, data: st.DataObject
+) -> None:
+    """A copy whose row count is unknown (-1: a copy the checkpoint recorded without it) gets the hash
+    of the rows of its identity from its first row on, whatever the row groups; a first row of another
+    identity, or past the file's end, gets none."""
+    archive = tmp_path / "extent"
+    archive.mkdir(exist_ok=True)
+    path = archive / "a.parquet"
+    copies = [[(f"{s}-{i}", float(i), i) for i in range(size)] for s, size in enumerate(sizes, start=1)]
+    _write(path, copies, group)
+    columns = _Columns.of(inspect_schema(parse_config({"archive": str(archive)} | SHORT_COLUMNS)))
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    s = data.draw(st.integers(1, len(sizes)))
+    known = hash_file_copies(str(path), [(starts[s - 1], sizes[s - 1], 1, s, 1)], columns)
+    assert hash_file_copies(str(path), [(starts[s - 1], -1, 1, s, 1)], columns) == known
+    assert known  # the range holds its copy
+    assert hash_file_copies(str(path), [(starts[s - 1], -1, 1, s + 1, 1)], columns) == {}
+    assert hash_file_copies(str(path), [(sum(sizes), -1, 1, s, 1)], columns) == {}
+
+
 def test_hashes_of_different_versions_are_never_compared() -> None:
     assert same_content("v2:ab", "v2:ab") is True
     assert same_content("v2:ab", "v2:cd") is False

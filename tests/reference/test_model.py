@@ -622,3 +622,21 @@ def test_punctuation_rows_are_no_tuples(tmp_path):
     assert result.tuples_read == 2
     assert result.stream_cut == {1: (2, 1)}
     assert [(w.key, dict(w.values)["count"]) for w in result.windows] == [(1, 1), (2, 1)]
+
+
+@pytest.mark.parametrize("made", [False, True], ids=["missing", "empty"])
+def test_an_archive_that_is_missing_or_empty_is_the_engines_error(tmp_path: Any, made: bool) -> None:
+    """As the engine's listing says (``discover_files``): no directory is ``archive.not_found``, a
+    directory without a Parquet file ``archive.empty``."""
+    from replay.core.errors import ReplayError
+    from replay.engine.archive_files import discover_files
+
+    archive = tmp_path / "archive"
+    if made:
+        archive.mkdir()
+    with pytest.raises(ReplayError) as engine:
+        discover_files(str(archive))
+    with pytest.raises(ReplayError) as model:
+        run_reference(archive, job(tmp_path))
+    assert (type(model.value), model.value.code) == (type(engine.value), engine.value.code)
+    assert engine.value.code == ("archive.empty" if made else "archive.not_found")

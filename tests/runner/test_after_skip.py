@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from replay.core.errors import ConflictingDuplicateError
 from replay.quality.validate import validate
 from replay.reference.model import run_reference
 from replay.runner.loop import run
@@ -99,3 +100,52 @@ def test_one_run_over_every_file_skips_nothing_and_differs_from_the_incremental_
     assert split.after_skip == {(1, 2, 1), (2, 2, 1)} and split.skipped == {(1, 2), (2, 2)}
     assert split.pending_tuples == whole.pending_tuples == 0
     assert split.windows != whole.windows  # the late buffers' tuples are in no window
+
+
+@pytest.mark.parametrize(
+    ("copy", "on_conflict"),
+    [("same", "fail"), ("other", "fail"), ("other", "keep_first")],
+    ids=["identical", "differs-fail", "differs-keep-first"],
+)
+def test_a_later_copy_of_a_buffer_found_after_its_skip_is_compared_with_the_first(
+    spark: Any, tmp_path: Path, copy: str, on_conflict: str
+) -> None:
+    """A buffer found as ``after_skip`` in one run and archived again in a later run: the later copy
+    is a duplicate of the first or a conflict with it (failing the run under ``on_conflict: fail``),
+    as one run over every file finds it and as the reference model says; before, it was taken for
+    one more ``after_skip`` and a conflict went unseen."""
+    archive = tmp_path / "archive"
+    first = _file(archive, "part-00000.parquet", [(1, 1, 1), (2, 1, 1), (2, 2, 2), (1, 3, 3), (2, 3, 3)], False)
+    config = small_job(tmp_path, archive, gap_policy="skip", on_conflict=on_conflict)
+    assert config.output is not None
+    run(config, spark=spark)
+    late = _file(archive, "part-00001.parquet", [(1, 2, 2)], False)
+    run(config, spark=spark)  # (1, 2, 1) after_skip
+    rows = _buffer(1, 2, None)
+    if copy == "other":
+        rows[0] = rows[0] | {"value": rows[0]["value"] + 1}
+    again = write_archive(archive, rows, name="part-00002.parquet")
+    earlier = [[first], [first, late]]
+    if copy == "other" and on_conflict == "fail":
+        with pytest.raises(ConflictingDuplicateError) as expected:
+            run_reference(archive, config, earlier=earlier)
+        with pytest.raises(ConflictingDuplicateError) as raised:
+            run(config, spark=spark)
+        assert (raised.value.origin, raised.value.sequence, raised.value.chunk) == (1, 2, 1)
+        assert (expected.value.origin, expected.value.sequence) == (1, 2)
+        assert late.name in str(raised.value) and again.name in str(raised.value)
+        return
+    run(config, spark=spark)
+    ref = run_reference(archive, config, earlier=earlier)
+    integrity = read_table(config.output, "integrity").to_pylist()
+    found = [
+        (r["kind"], r["file"], r["other_file"]) for r in integrity if r["sequence_number"] == 2 and r["origin_id"] == 1
+    ]
+    kind = "duplicate" if copy == "same" else "conflict"
+    kinds = [("skipped", None, None), ("after_skip", late.name, None), (kind, again.name, late.name)]
+    assert sorted(found) == sorted(kinds)
+    if copy == "same":
+        assert ref.duplicate_copies.get(1) == 1 and not ref.conflicts
+    else:
+        assert ref.conflicts == {(1, 2, 1)}
+    assert ref.after_skip == {(1, 2, 1)}

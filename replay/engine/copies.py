@@ -171,20 +171,24 @@ def _copy_hash(part: pa.Table, columns: _Columns) -> str:
     return _PREFIX + hashlib.blake2b(repr(parts).encode(), digest_size=16).hexdigest()
 
 
+def _of_identity(rows: pa.Table | pa.RecordBatch, identity: tuple[int, int, int], columns: _Columns) -> Any:
+    """Per row of ``rows``, whether it carries ``identity`` (a null in an identity column never does)."""
+    import pyarrow.compute as pc
+
+    origin, sequence, chunk = (
+        pc.fill_null(pc.equal(as_int64(rows.column(name)), value), False)
+        for name, value in zip(columns.identity, identity, strict=True)
+    )
+    return pc.and_(pc.and_(origin, sequence), chunk)
+
+
 def _holds(table: pa.Table, at: int, rows: int, identity: tuple[int, int, int], columns: _Columns) -> bool:
     """Whether ``table``'s rows ``[at, at + rows)`` are exactly one copy of ``identity``: the identity
     on each of them and not on the rows just before and after."""
-    import pyarrow.compute as pc
-
     if at < 0 or at + rows > table.num_rows:
         return False
     start, stop = max(at - 1, 0), min(at + rows + 1, table.num_rows)
-    window = table.slice(start, stop - start)
-    same = None
-    for name, value in zip(columns.identity, identity, strict=True):
-        equal = pc.fill_null(pc.equal(as_int64(window.column(name)), value), False)
-        same = equal if same is None else pc.and_(same, equal)
-    flags = same.to_pylist() if same is not None else []
+    flags = _of_identity(table.slice(start, stop - start), identity, columns).to_pylist()
     inside = flags[at - start : at - start + rows]
     return all(inside) and not (at > start and flags[0]) and not (stop > at + rows and flags[-1])
 
@@ -201,7 +205,6 @@ def _extent(
     import bisect
 
     import numpy as np
-    import pyarrow.compute as pc
 
     if not 0 <= row_start < starts[-1]:
         return 0
@@ -214,11 +217,7 @@ def _extent(
         position += batch.num_rows
         if begin >= batch.num_rows:
             continue
-        same = None
-        for name, value in zip(columns.identity, identity, strict=True):
-            equal = pc.fill_null(pc.equal(as_int64(batch.column(name).slice(begin)), value), False)
-            same = equal if same is None else pc.and_(same, equal)
-        flags = np.asarray(same.to_numpy(zero_copy_only=False), dtype=bool) if same is not None else np.ones(0, bool)
+        flags = np.asarray(_of_identity(batch.slice(begin), identity, columns).to_numpy(zero_copy_only=False), bool)
         other = np.flatnonzero(~flags)
         if other.size:
             return rows + int(other[0])

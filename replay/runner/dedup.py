@@ -111,8 +111,8 @@ def _against_history(
         mine = hashes.get((buf.file, buf.row_start), buf.content_hash)
         known = state.known.get(buf.identity)
         found = first_found.get(buf.identity) if known is None else None
-        if found is not None and same_content(mine, hashes.get((found.file, found.row_start), "")) is not None:
-            same = mine == hashes[(found.file, found.row_start)]
+        same = None if found is None else same_content(mine, hashes.get((found.file, found.row_start), ""))
+        if found is not None and same is not None:
             kind = _judged(buf, same, config, f"in {found.file} (row {found.row_start}, not replayed: after_skip)")
             discarded.append(discard(kind, buf, buf.file, buf.row_start, buf.tuples, found.file))
         elif known is None:
